@@ -1,0 +1,221 @@
+"""Argument parsing, validation, and the async off-policy contract.
+
+``parse_args`` builds the parser from the topic groups in ``miles/utils/flags.py`` and runs
+``miles_validate_args``, which derives the values upstream derives and enforces upstream's rules, one small
+function per rule. ``validate_async_off_policy_correction`` is the contract ``train_async.py`` checks before
+anything else (docs/async_off_policy_contract.md).
+
+Importing this module imports no torch, ray, transformers, sglang or megatron: a rejected launch costs about
+as much as starting Python.
+"""
+
+import argparse
+
+from miles.utils import flags
+from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
+
+ASYNC_PPO_CORRECTION_MESSAGE = (
+    "Async PPO training requires an explicit behavior-policy correction: the async loop generates rollout k+1 "
+    "before the weights trained on rollout k are pushed, so every rollout is stale by at least one update, and "
+    "by default the PPO ratio denominator is recomputed by the current actor, a policy that never generated the "
+    "trajectory. Pass one of:\n"
+    "  --use-rollout-logprobs  the rollout engine's log-probs become the PPO ratio denominator;\n"
+    "  --use-tis               truncated importance sampling re-weights the loss by pi_old/pi_rollout, capped "
+    "at --tis-clip;\n"
+    "  --keep-old-actor        the denominator is recomputed with the weights the rollout engines used.\n"
+    "Or train synchronously with train.py. Check launch scripts with `miles-check SCRIPT.sh` "
+    "(docs/async_off_policy_contract.md)."
+)
+
+
+def validate_async_off_policy_correction(args) -> None:
+    """Refuse async PPO (``args.use_critic``) unless one behavior-policy correction is chosen.
+
+    Reads exactly ``use_critic``, ``use_rollout_logprobs``, ``use_tis`` and ``keep_old_actor``. Critic-free
+    estimators (GRPO, GSPO, REINFORCE++) return at once: upstream's compatibility choice, not a claim that they
+    are safe (their data is just as stale; they get a warning and the run-time report instead).
+    Raised explicitly (not ``assert``) so ``python -O`` cannot switch the contract off.
+    """
+    if not args.use_critic:
+        return
+    if not (args.use_rollout_logprobs or args.use_tis or args.keep_old_actor):
+        raise AsyncOffPolicyCorrectionError(ASYNC_PPO_CORRECTION_MESSAGE)
+
+
+def check_async_colocation(args) -> None:
+    """Async training overlaps generation with training, so the engines cannot share the actor's resources."""
+    if args.colocate:
+        raise MilesConfigError(
+            "--colocate is set, but train_async.py overlaps generation with training, so rollout engines cannot "
+            "share the actor's resources. Drop --colocate, or train synchronously with train.py --colocate."
+        )
+
+
+def validate_async_launch(args) -> None:
+    """What ``train_async.py`` checks first, before logging, Ray, models or files (miles-check uses it too)."""
+    check_async_colocation(args)
+    validate_async_off_policy_correction(args)
+
+
+def get_miles_extra_args_provider(add_custom_arguments=None):
+    """Return ``add_miles_arguments(parser)``, which adds every miles flag group (upstream's hook name)."""
+
+    def add_miles_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        flags.add_algorithm_arguments(parser)
+        flags.add_loop_arguments(parser)
+        flags.add_rollout_arguments(parser)
+        flags.add_checkpoint_and_logging_arguments(parser)
+        if add_custom_arguments is not None:
+            add_custom_arguments(parser)
+        return parser
+
+    return add_miles_arguments
+
+
+def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="miles: RL post-training (PPO, GRPO, GSPO, REINFORCE++) for causal language models.",
+        epilog=flags.departures_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return get_miles_extra_args_provider(add_custom_arguments)(parser)
+
+
+def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``."""
+    args = build_parser(add_custom_arguments).parse_args(argv)
+    miles_validate_args(args)
+    return args
+
+
+def miles_validate_args(args) -> None:
+    """Derive what upstream derives and enforce upstream's rules.
+
+    Never rewrites a value the user set: derived values only fill flags left at ``None``, and each one is
+    recorded in ``args.derived`` (``train()`` logs them once, after logging is configured).
+    """
+    args.derived = []
+    _derive(args, "use_critic", args.advantage_estimator == "ppo", "advantage estimator is ppo")
+    _fill(args, "eps_clip_high", args.eps_clip, "--eps-clip")
+    _fill(args, "critic_lr", args.lr, "--lr")
+    _fill(args, "critic_load", args.load, "--load")
+    _fill(args, "critic_save", args.save, "--save")
+    _check_positive_sizes(args)
+    _derive_batch_sizes(args)
+    _check_corrections(args)
+    _check_kl(args)
+    _check_clip(args)
+    _check_estimator_requirements(args)
+    _check_checkpointing(args)
+
+
+def _derive(args, name: str, value, reason: str) -> None:
+    setattr(args, name, value)
+    args.derived.append(f"{name} = {value!r} ({reason})")
+
+
+def _fill(args, name: str, value, source: str) -> None:
+    if getattr(args, name) is None and value is not None:
+        _derive(args, name, value, f"from {source}")
+
+
+def _check_positive_sizes(args) -> None:
+    for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size",
+                 "update_weights_interval", "rollout_max_response_len", "rollout_num_engines"):
+        value = getattr(args, name)
+        if value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise MilesConfigError(f"{flag} is {value}, but it must be at least 1. Pass {flag} 1 or more.")
+    if args.rollout_temperature <= 0:
+        raise MilesConfigError(
+            f"--rollout-temperature is {args.rollout_temperature}, but sampling needs a temperature > 0 "
+            "(log-probs are taken under logits / temperature). Pass e.g. --rollout-temperature 1.0."
+        )
+
+
+def _derive_batch_sizes(args) -> None:
+    """global_batch_size * num_steps_per_rollout must equal the samples of one rollout (upstream's rule)."""
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.num_steps_per_rollout is not None and args.num_steps_per_rollout < 1:
+        raise MilesConfigError(
+            f"--num-steps-per-rollout is {args.num_steps_per_rollout}, but it must be at least 1."
+        )
+    if args.num_steps_per_rollout is None and args.global_batch_size is None:
+        _derive(args, "num_steps_per_rollout", 1, "neither it nor --global-batch-size was given")
+    if args.num_steps_per_rollout is not None:
+        steps = args.num_steps_per_rollout
+        if samples % steps:
+            raise MilesConfigError(
+                f"--num-steps-per-rollout {steps} does not divide the {samples} samples of a rollout "
+                f"(--rollout-batch-size {args.rollout_batch_size} x --n-samples-per-prompt "
+                f"{args.n_samples_per_prompt}). Pick a divisor of {samples}."
+            )
+        if args.global_batch_size is not None and args.global_batch_size != samples // steps:
+            raise MilesConfigError(
+                f"--global-batch-size {args.global_batch_size} contradicts --num-steps-per-rollout {steps}: a "
+                f"rollout has {samples} samples, so {steps} steps take {samples // steps} samples each. Pass only "
+                "one of the two."
+            )
+        _fill(args, "global_batch_size", samples // steps, "--num-steps-per-rollout")
+        return
+    if args.global_batch_size < 1 or samples % args.global_batch_size:
+        raise MilesConfigError(
+            f"--global-batch-size {args.global_batch_size} does not divide the {samples} samples of a rollout "
+            f"(--rollout-batch-size x --n-samples-per-prompt). Pick a divisor of {samples}."
+        )
+    _derive(args, "num_steps_per_rollout", samples // args.global_batch_size, "from --global-batch-size")
+
+
+def _check_corrections(args) -> None:
+    if args.use_rollout_logprobs and args.use_tis:
+        raise MilesConfigError(
+            "--use-rollout-logprobs and --use-tis are both set, but they exclude each other: with the rollout "
+            "log-probs as denominator the TIS weight pi_old/pi_rollout is 1 by construction. Keep one of them."
+        )
+    if args.tis_clip_low < 0 or args.tis_clip <= args.tis_clip_low:
+        raise MilesConfigError(
+            f"--tis-clip-low {args.tis_clip_low} and --tis-clip {args.tis_clip} must satisfy "
+            "0 <= --tis-clip-low < --tis-clip. Pass e.g. --tis-clip-low 0 --tis-clip 2."
+        )
+
+
+def _check_kl(args) -> None:
+    if args.kl_coef != 0 and args.kl_loss_coef != 0:
+        raise MilesConfigError(
+            f"--kl-coef {args.kl_coef} and --kl-loss-coef {args.kl_loss_coef} are both non-zero, but only one KL "
+            "penalty may be active: the reward-shaping one (--kl-coef) or the loss term (--use-kl-loss "
+            "--kl-loss-coef). Set the other to 0."
+        )
+    if args.use_critic and args.kl_coef != 0:
+        raise MilesConfigError(
+            f"--kl-coef is {args.kl_coef}, but PPO requires --kl-coef 0 (upstream's rule). Use a KL loss instead: "
+            f"--use-kl-loss --kl-loss-coef {args.kl_coef}."
+        )
+
+
+def _check_clip(args) -> None:
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
+        raise MilesConfigError(
+            f"--eps-clip-c is {args.eps_clip_c}, but the dual-clip constant must be > 1 (it caps -A * ratio at "
+            "-c * A for negative advantages). Pass e.g. --eps-clip-c 3, or leave it unset."
+        )
+
+
+def _check_estimator_requirements(args) -> None:
+    if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
+        raise MilesConfigError(
+            f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages (REINFORCE++ "
+            "whitens its returns over the batch). Add --normalize-advantages."
+        )
+    if args.use_critic and args.num_critic_only_steps < 0:
+        raise MilesConfigError(f"--num-critic-only-steps is {args.num_critic_only_steps}, but it must be >= 0.")
+
+
+def _check_checkpointing(args) -> None:
+    if args.save_interval is not None and args.save is None:
+        raise MilesConfigError(
+            f"--save-interval {args.save_interval} is set without --save, so there is nowhere to save. Add "
+            "--save FOLDER, or drop --save-interval."
+        )
+    if args.save_interval is not None and args.save_interval < 1:
+        raise MilesConfigError(f"--save-interval is {args.save_interval}, but it must be at least 1.")

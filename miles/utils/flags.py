@@ -1,0 +1,232 @@
+"""miles' command-line flags, one function per topic group.
+
+Flag names follow upstream miles (kebab-case on the command line, snake_case on ``args``). Every flag has a
+default, and the defaults train the embedded default (a tiny model on digit addition, see
+``docs/embedded_default.md``) on a CPU, so ``python train_async.py`` alone runs. Where a default departs from
+upstream, it is listed in ``UPSTREAM_DEFAULT_DEPARTURES`` (shown in ``--help`` and in the docs).
+
+Validation and derived values live in ``miles/utils/arguments.py``; this module only declares flags, so it
+imports nothing heavy.
+"""
+
+import argparse
+
+# flag -> (miles default, upstream default, why)
+UPSTREAM_DEFAULT_DEPARTURES = {
+    "--num-rollout": ("300", "required", "the embedded default trains in a few minutes"),
+    "--rollout-batch-size": ("16", "required", "prompts per rollout for the embedded task"),
+    "--n-samples-per-prompt": ("8", "1", "GRPO needs a group per prompt"),
+    "--micro-batch-size": ("128", "1", "one rollout of the embedded task is one forward pass on a CPU"),
+    "--lr": ("3e-4", "1e-6", "upstream's lr is for large models; the tiny model needs its own"),
+    "--rollout-max-response-len": ("3", "required", "the embedded task's answers are at most 2 digits + <eos>"),
+    "--rm-type": ("math_exact", "none", "the embedded task's rule reward"),
+    "--input-key": ("prompt", "input", "the embedded data's key"),
+    "--label-key": ("label", "none", "the embedded data's key"),
+    "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
+}
+
+
+def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("algorithm")
+    group.add_argument(
+        "--advantage-estimator",
+        choices=["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"],
+        default="grpo",
+        help="Advantage estimator. 'ppo' trains a critic (GAE); the others are critic-free. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--use-rollout-logprobs",
+        action="store_true",
+        help="Behavior-policy correction: use the rollout engine's log-probs as the PPO ratio denominator "
+        "(skips the recompute pass). Excludes --use-tis.",
+    )
+    group.add_argument(
+        "--use-tis",
+        action="store_true",
+        help="Behavior-policy correction: truncated importance sampling, re-weighting the per-token loss by "
+        "clamp(pi_old/pi_rollout, --tis-clip-low, --tis-clip).",
+    )
+    group.add_argument("--tis-clip", type=float, default=2.0, help="Upper bound of the TIS weight. (default: %(default)s)")
+    group.add_argument("--tis-clip-low", type=float, default=0.0, help="Lower bound of the TIS weight. (default: %(default)s)")
+    group.add_argument(
+        "--get-mismatch-metrics",
+        action="store_true",
+        help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",
+    )
+    group.add_argument(
+        "--keep-old-actor",
+        action="store_true",
+        help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
+        "engines used (a snapshot per pushed weight version).",
+    )
+    group.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range, low side. (default: %(default)s)")
+    group.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip range, high side. (default: --eps-clip)")
+    group.add_argument(
+        "--eps-clip-c", type=float, default=None, help="Dual-clip constant c > 1 for negative advantages. (default: off)"
+    )
+    group.add_argument("--value-clip", type=float, default=0.2, help="Critic value clip range. (default: %(default)s)")
+    group.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="KL penalty folded into the reward (REINFORCE++ style); must be 0 for PPO. (default: %(default)s)",
+    )
+    group.add_argument("--use-kl-loss", action="store_true", help="Add a KL(pi || ref) term to the policy loss.")
+    group.add_argument("--kl-loss-coef", type=float, default=0.0, help="Coefficient of the KL loss. (default: %(default)s)")
+    group.add_argument(
+        "--kl-loss-type",
+        choices=["k1", "k2", "k3", "low_var_kl"],
+        default="k1",
+        help="KL estimator of the KL loss. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--use-unbiased-kl", action="store_true", help="Weight the KL loss by the importance ratio pi/pi_old."
+    )
+    group.add_argument("--entropy-coef", type=float, default=0.0, help="Entropy bonus coefficient. (default: %(default)s)")
+    group.add_argument("--gamma", type=float, default=1.0, help="Discount factor. (default: %(default)s)")
+    group.add_argument("--lambd", type=float, default=1.0, help="GAE lambda. (default: %(default)s)")
+    group.add_argument(
+        "--normalize-advantages",
+        action="store_true",
+        help="Whiten advantages over the rollout (required by both REINFORCE++ estimators).",
+    )
+    group.add_argument(
+        "--disable-grpo-std-normalization",
+        action="store_true",
+        help="GRPO/GSPO: subtract the group mean only, do not divide by the group std.",
+    )
+    group.add_argument(
+        "--num-critic-only-steps",
+        type=int,
+        default=0,
+        help="PPO: train only the critic for the first N rollouts. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="Average the loss over tokens of the whole step instead of per-sample means.",
+    )
+    group.add_argument(
+        "--ref-load", default=None, help="Reference model folder for the KL terms. (default: --hf-checkpoint)"
+    )
+
+
+def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training loop")
+    group.add_argument("--num-rollout", type=int, default=300, help="Number of rollouts to train on. (default: %(default)s)")
+    group.add_argument(
+        "--num-epoch",
+        type=int,
+        default=None,
+        help="Train for this many passes over the prompt data instead of --num-rollout. (default: off)",
+    )
+    group.add_argument("--rollout-batch-size", type=int, default=16, help="Prompts per rollout. (default: %(default)s)")
+    group.add_argument(
+        "--n-samples-per-prompt", type=int, default=8, help="Responses sampled per prompt. (default: %(default)s)"
+    )
+    group.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="Samples per optimizer step. (default: rollout-batch-size * n-samples-per-prompt / num-steps-per-rollout)",
+    )
+    group.add_argument(
+        "--num-steps-per-rollout", type=int, default=None, help="Optimizer steps per rollout. (default: 1)"
+    )
+    group.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=128,
+        help="Samples per forward/backward pass; gradients accumulate to the global batch. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--update-weights-interval",
+        type=int,
+        default=1,
+        help="Async: push weights to the rollout engines every N rollouts. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--colocate", action="store_true", help="Sync only: put the rollout engines in the actor's placement bundle."
+    )
+    group.add_argument(
+        "--start-rollout-id", type=int, default=None, help="First rollout id. (default: 0, or from --load)"
+    )
+    group.add_argument(
+        "--debug-exit-after-rollout",
+        type=int,
+        default=None,
+        help="Stop cleanly after training this rollout id (for debugging). (default: off)",
+    )
+    group.add_argument("--seed", type=int, default=1234, help="Training seed. (default: %(default)s)")
+    group.add_argument("--lr", type=float, default=3e-4, help="Actor learning rate (Adam). (default: %(default)s)")
+    group.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate. (default: --lr)")
+    group.add_argument("--clip-grad", type=float, default=1.0, help="Gradient-norm clip. (default: %(default)s)")
+
+
+def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rollout and data")
+    group.add_argument(
+        "--hf-checkpoint",
+        default=None,
+        help="Local Hugging Face causal-LM folder to start from. (default: the embedded tiny model, built once "
+        "and cached under $MILES_CACHE_DIR or ~/.cache/miles)",
+    )
+    group.add_argument(
+        "--prompt-data", default=None, help="JSONL prompt file. (default: the embedded task's train split)"
+    )
+    group.add_argument(
+        "--eval-prompt-data", default=None, help="JSONL held-out prompt file. (default: the embedded task's eval split)"
+    )
+    group.add_argument("--input-key", default="prompt", help="JSONL key of the prompt. (default: %(default)s)")
+    group.add_argument("--label-key", default="label", help="JSONL key of the label. (default: %(default)s)")
+    group.add_argument("--rollout-temperature", type=float, default=1.0, help="Sampling temperature. (default: %(default)s)")
+    group.add_argument(
+        "--rollout-max-response-len", type=int, default=3, help="Most new tokens per response. (default: %(default)s)"
+    )
+    group.add_argument("--rollout-seed", type=int, default=42, help="Seed of rollout sampling. (default: %(default)s)")
+    group.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompt data each epoch.")
+    group.add_argument(
+        "--rollout-num-engines", type=int, default=1, help="Torch rollout engines (one CPU bundle each). (default: %(default)s)"
+    )
+    group.add_argument("--rm-type", default="math_exact", help="Built-in rule reward. (default: %(default)s)")
+    group.add_argument(
+        "--custom-rm-path",
+        default=None,
+        help="User reward function 'path/to/file.py:func' or 'package.module:func', called as "
+        "func(prompt, response, label) -> float. Overrides --rm-type.",
+    )
+
+
+def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("checkpoints and logging")
+    group.add_argument("--save", default=None, help="Folder to save checkpoints to. (default: no checkpoints)")
+    group.add_argument(
+        "--save-interval", type=int, default=None, help="Save every N rollouts (requires --save). (default: at the end only)"
+    )
+    group.add_argument("--load", default=None, help="Resume from the latest complete checkpoint in this folder.")
+    group.add_argument("--critic-load", default=None, help="Critic checkpoint folder. (default: --load)")
+    group.add_argument("--critic-save", default=None, help="Critic save folder. (default: --save)")
+    group.add_argument(
+        "--eval-interval", type=int, default=25, help="Evaluate on the held-out split every N rollouts; 0 disables. (default: %(default)s)"
+    )
+    group.add_argument(
+        "--log-dir",
+        default=None,
+        help="Run folder for metrics.jsonl and TensorBoard events. (default: runs/<time>-<driver>-<estimator>)",
+    )
+    group.add_argument(
+        "--use-tensorboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Write TensorBoard events beside metrics.jsonl. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--ray-address", default=None, help="Join this Ray cluster (or $RAY_ADDRESS). (default: start a local one)"
+    )
+
+
+def departures_epilog() -> str:
+    lines = ["defaults that depart from upstream miles (all chosen so a bare launch trains the embedded default):"]
+    for flag, (ours, upstream, why) in UPSTREAM_DEFAULT_DEPARTURES.items():
+        lines.append(f"  {flag} {ours} (upstream: {upstream}): {why}")
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""The unit of data that travels from the rollout engine to the trainer."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SampleStatus(str, enum.Enum):
+    COMPLETED = "completed"  # the response ended with <eos>
+    TRUNCATED = "truncated"  # the response hit --rollout-max-response-len before <eos>
+    ABORTED = "aborted"
+
+
+@dataclass
+class Sample:
+    """One prompt + one sampled response.
+
+    ``tokens`` is prompt + response (no padding); the response is its last ``response_length`` tokens and
+    ends at (and includes) ``<eos>`` when the sample completed. ``loss_mask`` and ``rollout_log_probs`` have
+    one entry per response token; ``rollout_log_probs[t]`` is log softmax(logits / temperature) of response
+    token t under the engine's weights, the same definition the trainer uses.
+    """
+
+    group_index: int  # index of the prompt within the rollout; samples of one prompt are contiguous
+    index: int  # index of the sample within the rollout
+    prompt: str
+    label: str
+    tokens: list[int]
+    response_length: int
+    response: str = ""
+    reward: float | None = None
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)  # engine weight version(s) that sampled it
+    weight_fingerprint: float | None = None  # checksum of the weights the engine actually loaded
+    status: SampleStatus = SampleStatus.COMPLETED
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
