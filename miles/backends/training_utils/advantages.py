@@ -1,0 +1,178 @@
+"""A rollout's rewards → per-sample advantages and returns, for each advantage estimator (DESIGN.md §6).
+
+One function, ``compute_advantages_and_returns``, picks the estimator from ``ADVANTAGE_ESTIMATORS`` (a plain
+dict from name to function). Every estimator returns one 1-D tensor per sample over its response tokens,
+without grad, and 0 at loss-mask-0 positions:
+- grpo, gspo: A = group-normalized reward, broadcast to the response tokens; returns = A.
+- ppo: token rewards (reward at the last unmasked token, −kl_coef·kl per token when given), GAE with the
+  critic's values over the unmasked tokens; returns = A + V.
+- reinforce_plus_plus: the same token rewards, discounted returns over the unmasked tokens; A = returns.
+- reinforce_plus_plus_baseline: A = reward − its group mean, broadcast, − kl_coef·kl per token; returns = A.
+With ``normalize``, the advantages (not the returns) are whitened over every unmasked token of the rollout.
+
+Departures from upstream miles semantics:
+- Every estimator writes 0 at loss-mask-0 positions (upstream broadcasts the reward to them; they never reach
+  a loss), and the KL shaping acts on unmasked tokens only.
+- PPO places the reward at the last *unmasked* token (DESIGN.md §6; upstream at the last token), and GAE and
+  the REINFORCE++ discounting run over the unmasked tokens as if the masked ones were absent (upstream
+  discounts across them).
+- A REINFORCE++ sample with no unmasked token gets zeros (upstream asserts).
+- ``kl_coef`` ≠ 0 with grpo or gspo is an error (upstream ignores it silently); ``kl_coef`` ≠ 0 without ``kl``
+  is an error too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from miles.backends.training_utils.ppo_utils import (
+    get_advantages_and_returns,
+    get_reinforce_plus_plus_returns,
+    group_normalize_rewards,
+    normalize_advantages,
+)
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    """The inputs every estimator may read, checked for consistency once."""
+
+    rewards: torch.Tensor  # (N,) one scalar reward per sample, float32
+    loss_masks: list[torch.Tensor]  # N × (T_i,)
+    values: list[torch.Tensor] | None  # N × (T_i,), critic values (ppo only)
+    kl: list[torch.Tensor] | None  # N × (T_i,), per-token KL(π ‖ π_ref) estimate for reward shaping
+    kl_coef: float
+    group_size: int
+    gamma: float
+    lambd: float
+    std_normalization: bool
+
+    def kl_penalty(self, index: int) -> torch.Tensor:
+        """−kl_coef·kl of sample ``index`` on its unmasked tokens, 0 elsewhere (zeros without KL shaping). (T,)"""
+        mask = self.loss_masks[index] != 0
+        if self.kl is None or self.kl_coef == 0:
+            return torch.zeros(mask.shape, dtype=self.rewards.dtype)
+        return torch.where(mask, -self.kl_coef * self.kl[index].detach().to(self.rewards.dtype), 0.0)
+
+    def token_rewards(self, index: int) -> torch.Tensor:
+        """The KL penalty plus the sample's reward at its last unmasked token. (T,)"""
+        token_rewards = self.kl_penalty(index)
+        unmasked = (self.loss_masks[index] != 0).nonzero()
+        if unmasked.numel() > 0:
+            token_rewards[unmasked[-1, 0]] += self.rewards[index]
+        return token_rewards
+
+    def broadcast(self, per_sample: torch.Tensor) -> list[torch.Tensor]:
+        """Sample i's scalar on its unmasked tokens, 0 elsewhere, plus the KL penalty."""
+        return [
+            torch.where(mask != 0, per_sample[i], 0.0).to(per_sample.dtype) + self.kl_penalty(i)
+            for i, mask in enumerate(self.loss_masks)
+        ]
+
+
+def _group_relative(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GRPO/GSPO: A_i = (r_i − mean_g) / (std_g + 1e-6) on every unmasked token; returns = A."""
+    normalized = group_normalize_rewards(rollout.rewards, rollout.group_size, rollout.std_normalization)
+    advantages = rollout.broadcast(normalized)
+    return advantages, advantages
+
+
+def _gae(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """PPO: GAE over the unmasked tokens with the critic's values (``get_advantages_and_returns``)."""
+    pairs = [
+        get_advantages_and_returns(
+            rollout.values[i].detach(), rollout.token_rewards(i).to(rollout.values[i].dtype),
+            rollout.gamma, rollout.lambd, mask,
+        )
+        for i, mask in enumerate(rollout.loss_masks)
+    ]
+    return [advantages for advantages, _ in pairs], [returns for _, returns in pairs]
+
+
+def _reinforce_plus_plus(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """REINFORCE++: G_t = r_t + γ·G_{t+1} over the unmasked tokens; A = G."""
+    returns = []
+    for i, mask in enumerate(rollout.loss_masks):
+        keep = mask != 0
+        sample_returns = torch.zeros(mask.shape, dtype=rollout.rewards.dtype)
+        sample_returns[keep] = get_reinforce_plus_plus_returns(rollout.token_rewards(i)[keep], rollout.gamma)
+        returns.append(sample_returns)
+    return returns, returns
+
+
+def _reinforce_plus_plus_baseline(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """REINFORCE++-baseline: A_i = r_i − mean_g on every unmasked token, − kl_coef·kl_t; returns = A."""
+    centered = group_normalize_rewards(rollout.rewards, rollout.group_size, std_normalization=False)
+    advantages = rollout.broadcast(centered)
+    return advantages, advantages
+
+
+ADVANTAGE_ESTIMATORS = {
+    "grpo": _group_relative,
+    "gspo": _group_relative,
+    "ppo": _gae,
+    "reinforce_plus_plus": _reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
+}
+
+
+def compute_advantages_and_returns(
+    estimator: str,
+    rewards: list[float],
+    loss_masks: list[torch.Tensor],
+    values: list[torch.Tensor] | None,
+    group_size: int,
+    gamma: float,
+    lambd: float,
+    std_normalization: bool,
+    normalize: bool,
+    kl: list[torch.Tensor] | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-sample ``(advantages, returns)`` of one rollout under ``estimator`` (formulas in the module docstring).
+
+    ``rewards``: one scalar per sample, samples of one prompt contiguous in groups of ``group_size``;
+    ``loss_masks``/``values``/``kl``: one 1-D tensor per sample over its response tokens. ``normalize``:
+    whiten the advantages over all unmasked tokens of the rollout (``normalize_advantages``).
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"advantage estimator {estimator!r} is unknown; valid names: {', '.join(ADVANTAGE_ESTIMATORS)}."
+        )
+    rollout = _Rollout(
+        torch.tensor(rewards, dtype=torch.float32), list(loss_masks), values, kl, kl_coef, group_size, gamma,
+        lambd, std_normalization,
+    )
+    _check_rollout(estimator, rollout)
+    advantages, returns = ADVANTAGE_ESTIMATORS[estimator](rollout)
+    if normalize:
+        advantages = _whiten_rollout(advantages, rollout.loss_masks)
+    return advantages, returns
+
+
+def _whiten_rollout(advantages: list[torch.Tensor], loss_masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    whitened = normalize_advantages(torch.cat(advantages), torch.cat(loss_masks))
+    return list(whitened.split([a.numel() for a in advantages]))
+
+
+def _check_rollout(estimator: str, rollout: _Rollout) -> None:
+    num_samples = len(rollout.loss_masks)
+    if rollout.rewards.numel() != num_samples:
+        raise ValueError(f"got {rollout.rewards.numel()} rewards for {num_samples} loss masks; pass one per sample.")
+    lengths = [m.numel() for m in rollout.loss_masks]
+    if estimator == "ppo" and rollout.values is None:
+        raise ValueError("advantage estimator 'ppo' needs the critic's values (one tensor per sample), got None.")
+    for name, tensors in (("values", rollout.values), ("kl", rollout.kl)):
+        if tensors is not None and [t.numel() for t in tensors] != lengths:
+            raise ValueError(
+                f"{name} has per-sample lengths {[t.numel() for t in tensors]}, but loss_masks has {lengths}."
+            )
+    if rollout.kl_coef != 0 and estimator in ("grpo", "gspo"):
+        raise ValueError(
+            f"kl_coef is {rollout.kl_coef}, but {estimator} does not shape its reward with a KL penalty. Use "
+            "--use-kl-loss --kl-loss-coef instead, and set --kl-coef 0."
+        )
+    if rollout.kl_coef != 0 and rollout.kl is None:
+        raise ValueError(f"kl_coef is {rollout.kl_coef}, but no per-token kl was passed; pass kl, or kl_coef 0.")

@@ -1,0 +1,380 @@
+"""The pure loss/advantage math against hand-computed values and plain-Python loop references."""
+
+import math
+import random
+import statistics
+
+import pytest
+import torch
+
+from miles.backends.training_utils.ppo_utils import (
+    compute_approx_kl,
+    compute_ess_ratio,
+    compute_gspo_kl,
+    compute_policy_loss,
+    compute_tis_weights,
+    compute_value_loss,
+    get_advantages_and_returns,
+    get_reinforce_plus_plus_returns,
+    group_normalize_rewards,
+    normalize_advantages,
+    sum_of_sample_mean,
+    sum_of_token,
+)
+
+NAN, INF = float("nan"), float("inf")
+SEEDS_AND_SHAPES = [(0, (7,)), (1, (3, 5)), (2, (2, 4, 6))]
+
+
+def t(values, dtype=torch.float64):
+    return torch.tensor(values, dtype=dtype)
+
+
+# ---------------------------------------------------------------- plain-Python references (one token at a time)
+
+
+def ref_policy_loss_token(ppo_kl, advantage, eps_clip, eps_clip_high, eps_clip_c=None):
+    ratio = math.exp(max(-20.0, min(20.0, -ppo_kl)))
+    unclipped = -ratio * advantage
+    clipped = -min(max(ratio, 1 - eps_clip), 1 + eps_clip_high) * advantage
+    loss = max(unclipped, clipped)
+    clipfrac = 1.0 if clipped > unclipped else 0.0
+    if eps_clip_c is not None and advantage < 0:
+        loss = min(loss, -eps_clip_c * advantage)
+    return loss, clipfrac
+
+
+def ref_kl_token(lp, base, kind):
+    r = lp - base
+    if kind == "k1":
+        return r
+    if kind == "k2":
+        return r * r / 2
+    if kind == "low_var_kl":
+        r = max(-20.0, min(20.0, r))
+        return max(-10.0, min(10.0, math.exp(-r) - 1 + r))
+    return math.exp(-r) - 1 + r
+
+
+def ref_gae(values, rewards, gamma, lambd):
+    n = len(values)
+    advantages = [0.0] * n
+    for t_ in range(n):  # forward definition: A_t = Σ_l (γλ)^l δ_{t+l}
+        total = 0.0
+        for l in range(n - t_):
+            k = t_ + l
+            next_value = values[k + 1] if k + 1 < n else 0.0
+            total += (gamma * lambd) ** l * (rewards[k] + gamma * next_value - values[k])
+        advantages[t_] = total
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def random_tensor(seed, shape, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+
+
+# ---------------------------------------------------------------- compute_policy_loss
+
+
+def test_policy_loss_hand_computed_clipping_on_both_sides():
+    # ratio = exp(-ppo_kl): 1.0 (inside), 1.5 (above 1+0.28), 0.5 (below 1-0.2)
+    ppo_kl = t([0.0, -math.log(1.5), -math.log(0.5), -math.log(1.5), -math.log(0.5)])
+    advantages = t([2.0, 1.0, 1.0, -1.0, -1.0])
+    pg, clipfrac = compute_policy_loss(ppo_kl, advantages, eps_clip=0.2, eps_clip_high=0.28)
+    # A>0, r=1.5: max(-1.5, -1.28) = -1.28 (clipped); A>0, r=0.5: max(-0.5, -0.8) = -0.5 (not clipped)
+    # A<0, r=1.5: max(1.5, 1.28) = 1.5 (not clipped); A<0, r=0.5: max(0.5, 0.8) = 0.8 (clipped)
+    torch.testing.assert_close(pg, t([-2.0, -1.28, -0.5, 1.5, 0.8]))
+    torch.testing.assert_close(clipfrac, t([0.0, 1.0, 0.0, 0.0, 1.0]))
+
+
+def test_policy_loss_dual_clip_caps_negative_advantages_and_clipfrac_is_taken_before():
+    ppo_kl = t([-math.log(5.0), -math.log(5.0), -math.log(0.1)])  # ratios 5, 5, 0.1
+    advantages = t([-1.0, 1.0, -2.0])
+    pg, clipfrac = compute_policy_loss(ppo_kl, advantages, 0.2, 0.2, eps_clip_c=3.0)
+    # A=-1, r=5: max(5, 1.2) = 5, dual clip min(5, 3) = 3 ; A=+1: untouched -1.2 (clipped)
+    # A=-2, r=0.1: max(0.2, 1.6) = 1.6 (clipped), dual min(1.6, 6) = 1.6
+    torch.testing.assert_close(pg, t([3.0, -1.2, 1.6]))
+    torch.testing.assert_close(clipfrac, t([0.0, 1.0, 1.0]))
+
+
+@pytest.mark.parametrize("eps_clip_c", [1.0, 0.5])
+def test_policy_loss_rejects_dual_clip_at_or_below_one(eps_clip_c):
+    with pytest.raises(ValueError, match="must be > 1"):
+        compute_policy_loss(t([0.0]), t([1.0]), 0.2, 0.2, eps_clip_c=eps_clip_c)
+
+
+@pytest.mark.parametrize("seed,shape", SEEDS_AND_SHAPES)
+@pytest.mark.parametrize("eps_clip,eps_clip_high,eps_clip_c", [(0.2, 0.2, None), (0.1, 0.3, None), (0.2, 0.28, 3.0)])
+def test_policy_loss_matches_loop_reference(seed, shape, eps_clip, eps_clip_high, eps_clip_c):
+    ppo_kl = random_tensor(seed, shape)
+    advantages = random_tensor(seed + 100, shape)
+    pg, clipfrac = compute_policy_loss(ppo_kl, advantages, eps_clip, eps_clip_high, eps_clip_c)
+    expected = [
+        ref_policy_loss_token(k, a, eps_clip, eps_clip_high, eps_clip_c)
+        for k, a in zip(ppo_kl.flatten().tolist(), advantages.flatten().tolist())
+    ]
+    torch.testing.assert_close(pg.flatten(), t([e[0] for e in expected]))
+    torch.testing.assert_close(clipfrac.flatten(), t([e[1] for e in expected]))
+    assert 0.0 < clipfrac.mean() < 1.0  # the random case really exercises both branches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_policy_loss_non_finite_log_ratios_never_poison(dtype):
+    ppo_kl = torch.tensor([NAN, INF, -INF, 50.0, -50.0], dtype=dtype, requires_grad=True)
+    pg, _ = compute_policy_loss(ppo_kl, torch.zeros(5, dtype=dtype), 0.2, 0.2, eps_clip_c=3.0)
+    assert torch.equal(pg, torch.zeros(5, dtype=dtype))  # exactly 0 with a zero advantage
+    pg_nonzero, clipfrac = compute_policy_loss(ppo_kl, torch.full((5,), -1.0, dtype=dtype), 0.2, 0.2)
+    assert torch.isfinite(pg_nonzero).all() and torch.isfinite(clipfrac).all()
+    pg_nonzero.sum().backward()
+    assert torch.isfinite(ppo_kl.grad).all()
+
+
+# ---------------------------------------------------------------- compute_approx_kl
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
+@pytest.mark.parametrize("seed,shape", SEEDS_AND_SHAPES)
+def test_approx_kl_matches_loop_reference(kind, seed, shape):
+    log_probs, base = random_tensor(seed, shape, 2.0), random_tensor(seed + 1, shape, 2.0)
+    kl = compute_approx_kl(log_probs, base, kind)
+    expected = [ref_kl_token(a, b, kind) for a, b in zip(log_probs.flatten().tolist(), base.flatten().tolist())]
+    torch.testing.assert_close(kl.flatten(), t(expected))
+
+
+def test_approx_kl_hand_computed():
+    log_probs, base = t([math.log(0.5)]), t([math.log(0.25)])  # r = ln 2
+    r = math.log(2.0)
+    assert compute_approx_kl(log_probs, base, "k1").item() == pytest.approx(r)
+    assert compute_approx_kl(log_probs, base, "k2").item() == pytest.approx(r * r / 2)
+    assert compute_approx_kl(log_probs, base, "k3").item() == pytest.approx(0.5 - 1 + r)
+
+
+def test_low_var_kl_is_finite_and_clamped_for_extreme_inputs():
+    log_probs = t([NAN, INF, -INF, 50.0, -50.0, 0.0], torch.float32)
+    kl = compute_approx_kl(log_probs, torch.zeros(6), "low_var_kl")
+    assert torch.isfinite(kl).all()
+    assert kl.min() >= -10 and kl.max() <= 10
+    # NaN → r = 0 → 0; r ≥ 20: e^-20 − 1 + 20 ≈ 19 → 10; r ≤ −20: e^20 − 21 → 10
+    assert kl.tolist() == [0.0, 10.0, 10.0, 10.0, 10.0, 0.0]
+
+
+def test_approx_kl_importance_ratio_multiplies_the_estimate():
+    log_probs, base, ratio = t([0.3, -0.2]), t([0.1, 0.1]), t([2.0, 0.5])
+    torch.testing.assert_close(compute_approx_kl(log_probs, base, "k1", ratio), t([0.4, -0.15]))
+
+
+def test_approx_kl_unknown_type_lists_the_valid_names():
+    with pytest.raises(ValueError, match="k1, k2, k3, low_var_kl"):
+        compute_approx_kl(t([0.0]), t([0.0]), "k4")
+
+
+# ---------------------------------------------------------------- compute_tis_weights
+
+
+def test_tis_weights_at_and_beyond_both_bounds():
+    raw_expected = [0.25, 0.5, 1.0, 2.0, 4.0]
+    rollout = t([0.0] * 5)
+    old = t([math.log(x) for x in raw_expected])
+    old.requires_grad_(True)
+    weights, raw = compute_tis_weights(old, rollout, clip_high=2.0, clip_low=0.5)
+    torch.testing.assert_close(raw, t(raw_expected))
+    assert weights.tolist() == [0.5, 0.5, 1.0, 2.0, 2.0]  # exactly the bounds at and beyond them
+    assert not weights.requires_grad and not raw.requires_grad
+    default_weights, _ = compute_tis_weights(old, rollout)  # defaults: clip_low 0, clip_high 2
+    torch.testing.assert_close(default_weights, t([0.25, 0.5, 1.0, 2.0, 2.0]))
+
+
+def test_tis_weights_are_exactly_one_when_old_equals_rollout():
+    log_probs = random_tensor(3, (4, 6), 3.0)
+    weights, raw = compute_tis_weights(log_probs, log_probs.clone())
+    assert torch.equal(weights, torch.ones_like(weights)) and torch.equal(raw, torch.ones_like(raw))
+
+
+# ---------------------------------------------------------------- compute_value_loss
+
+
+def test_value_loss_hand_computed():
+    values, old_values, returns = t([1.0, 0.5, 0.0]), t([0.5, 0.5, 0.4]), t([0.0, 1.0, 1.0])
+    losses, clipfrac = compute_value_loss(values, old_values, returns, value_clip=0.2)
+    # v=1.0: v_clip = 0.7 → max(0.49, 1.0) = 1.0, clipped; v=0.5: unchanged → 0.25;
+    # v=0.0: v_clip = 0.2 → max(0.64, 1.0) = 1.0, clipped
+    torch.testing.assert_close(losses, t([1.0, 0.25, 1.0]))
+    torch.testing.assert_close(clipfrac, t([1.0, 0.0, 1.0]))
+    # the clipped term wins when the new value moved towards the return past the clip
+    losses, _ = compute_value_loss(t([0.9]), t([0.0]), t([1.0]), value_clip=0.2)
+    torch.testing.assert_close(losses, t([0.64]))
+
+
+@pytest.mark.parametrize("seed,shape", SEEDS_AND_SHAPES)
+def test_value_loss_matches_loop_reference(seed, shape):
+    values, old, returns = (random_tensor(seed + k, shape) for k in range(3))
+    losses, clipfrac = compute_value_loss(values, old, returns, 0.3)
+    expected_losses, expected_clip = [], []
+    for v, o, r in zip(values.flatten().tolist(), old.flatten().tolist(), returns.flatten().tolist()):
+        v_clip = o + max(-0.3, min(0.3, v - o))
+        expected_losses.append(max((v_clip - r) ** 2, (v - r) ** 2))
+        expected_clip.append(1.0 if abs(v - o) > 0.3 else 0.0)
+    torch.testing.assert_close(losses.flatten(), t(expected_losses))
+    torch.testing.assert_close(clipfrac.flatten(), t(expected_clip))
+
+
+# ---------------------------------------------------------------- GAE and REINFORCE++ returns
+
+
+def test_gae_hand_computed_with_gamma_and_lambda():
+    values, rewards, gamma, lambd = t([0.5, 0.2, 0.1]), t([0.0, 0.0, 1.0]), 0.9, 0.8
+    advantages, returns = get_advantages_and_returns(values, rewards, gamma, lambd)
+    d2 = 1.0 + 0.0 - 0.1  # 0.9
+    d1 = 0.0 + 0.9 * 0.1 - 0.2  # -0.11
+    d0 = 0.0 + 0.9 * 0.2 - 0.5  # -0.32
+    a2 = d2
+    a1 = d1 + 0.72 * a2  # 0.538
+    a0 = d0 + 0.72 * a1  # 0.06736
+    torch.testing.assert_close(advantages, t([a0, a1, a2]))
+    torch.testing.assert_close(returns, t([a0 + 0.5, a1 + 0.2, a2 + 0.1]))
+
+
+@pytest.mark.parametrize("seed,length", [(0, 1), (1, 4), (2, 9)])
+@pytest.mark.parametrize("gamma,lambd", [(1.0, 1.0), (0.9, 0.8), (0.5, 0.0)])
+def test_gae_matches_forward_sum_reference(seed, length, gamma, lambd):
+    values, rewards = random_tensor(seed, (length,)), random_tensor(seed + 7, (length,))
+    advantages, returns = get_advantages_and_returns(values, rewards, gamma, lambd)
+    expected_adv, expected_ret = ref_gae(values.tolist(), rewards.tolist(), gamma, lambd)
+    torch.testing.assert_close(advantages, t(expected_adv))
+    torch.testing.assert_close(returns, t(expected_ret))
+
+
+def test_gae_with_mask_skips_masked_positions_as_if_absent():
+    values = t([0.5, 9.0, 0.2, 9.0, 0.1, 9.0])
+    rewards = t([0.0, 5.0, 0.0, 5.0, 1.0, 5.0])
+    mask = torch.tensor([1, 0, 1, 0, 1, 0])
+    advantages, returns = get_advantages_and_returns(values, rewards, 0.9, 0.8, mask)
+    compact_adv, compact_ret = ref_gae([0.5, 0.2, 0.1], [0.0, 0.0, 1.0], 0.9, 0.8)
+    torch.testing.assert_close(advantages, t([compact_adv[0], 0, compact_adv[1], 0, compact_adv[2], 0]))
+    torch.testing.assert_close(returns, t([compact_ret[0], 0, compact_ret[1], 0, compact_ret[2], 0]))
+
+
+def test_gae_outputs_carry_no_grad():
+    values = t([0.3, 0.4]).requires_grad_(True)
+    advantages, returns = get_advantages_and_returns(values, t([0.0, 1.0]), 1.0, 1.0)
+    assert not advantages.requires_grad and not returns.requires_grad
+
+
+def test_reinforce_plus_plus_returns_hand_computed_and_loop():
+    returns = get_reinforce_plus_plus_returns(t([0.1, -0.2, 1.0]), gamma=0.5)
+    torch.testing.assert_close(returns, t([0.1 + 0.5 * (-0.2 + 0.5), -0.2 + 0.5, 1.0]))
+    rewards = random_tensor(4, (11,))
+    expected = [sum(0.9**l * rewards[k + l].item() for l in range(11 - k)) for k in range(11)]
+    torch.testing.assert_close(get_reinforce_plus_plus_returns(rewards, 0.9), t(expected))
+
+
+# ---------------------------------------------------------------- group normalization and whitening
+
+
+def test_group_normalize_rewards_hand_computed():
+    rewards = t([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    normalized = group_normalize_rewards(rewards, group_size=3)
+    # group 1: mean 1/3, Bessel std sqrt(1/3); group 2: all equal → 0
+    std = math.sqrt(1.0 / 3.0)
+    expected = [(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), 0.0, 0.0, 0.0]
+    torch.testing.assert_close(normalized, t(expected))
+    torch.testing.assert_close(
+        group_normalize_rewards(rewards, 3, std_normalization=False), t([2 / 3, -1 / 3, -1 / 3, 0, 0, 0])
+    )
+    torch.testing.assert_close(group_normalize_rewards(rewards, 1), torch.zeros(6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("seed,group_size", [(0, 2), (1, 4), (2, 8)])
+def test_group_normalize_rewards_matches_statistics_module(seed, group_size):
+    rng = random.Random(seed)
+    rewards = [rng.choice([0.0, 0.5, 1.0]) for _ in range(group_size * 3)]
+    normalized = group_normalize_rewards(t(rewards), group_size)
+    expected = []
+    for g in range(3):
+        group = rewards[g * group_size : (g + 1) * group_size]
+        mean, std = statistics.mean(group), statistics.stdev(group)
+        expected += [(r - mean) / (std + 1e-6) for r in group]
+    torch.testing.assert_close(normalized, t(expected))
+
+
+def test_group_normalize_rewards_rejects_a_size_that_does_not_divide():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_normalize_rewards(t([1.0] * 6), 4)
+
+
+def test_normalize_advantages_masked_whitening():
+    advantages = t([1.0, 100.0, 2.0, 3.0, NAN, 6.0])
+    mask = torch.tensor([1, 0, 1, 1, 0, 1])
+    whitened = normalize_advantages(advantages, mask)
+    kept = [1.0, 2.0, 3.0, 6.0]
+    mean, variance = statistics.mean(kept), statistics.variance(kept)
+    expected = [(x - mean) / math.sqrt(variance + 1e-8) for x in kept]
+    torch.testing.assert_close(whitened, t([expected[0], 0.0, expected[1], expected[2], 0.0, expected[3]]))
+
+
+def test_normalize_advantages_edge_cases():
+    torch.testing.assert_close(normalize_advantages(t([5.0, 7.0]), torch.tensor([1, 0])), t([0.0, 0.0]))
+    with pytest.raises(ValueError, match="no unmasked token"):
+        normalize_advantages(t([1.0]), torch.tensor([0]))
+
+
+# ---------------------------------------------------------------- GSPO, ESS and the reductions
+
+
+def test_gspo_kl_is_the_masked_sequence_mean_broadcast():
+    ppo_kl = t([[0.1, 0.3, NAN, 9.0], [INF, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0]])
+    torch.testing.assert_close(compute_gspo_kl(ppo_kl, mask), t([[0.2] * 4, [2.0] * 4, [0.0] * 4]))
+    torch.testing.assert_close(compute_gspo_kl(t([1.0, 2.0]), torch.tensor([1, 1])), t([1.5, 1.5]))
+
+
+def test_gspo_kl_gradient_spreads_over_the_unmasked_tokens():
+    log_probs = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    compute_gspo_kl(t([0.0] * 4) - log_probs, torch.tensor([1, 1, 0, 1]))[0].backward()
+    torch.testing.assert_close(log_probs.grad, t([-1 / 3, -1 / 3, 0.0, -1 / 3]))
+
+
+def test_ess_ratio_hand_computed_and_loop():
+    log_ratio = t([[0.0, 0.0, 5.0], [0.0, math.log(3.0), INF], [1.0, 2.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [0, 0, 0]])
+    ess = compute_ess_ratio(log_ratio, mask)
+    torch.testing.assert_close(ess, t([1.0, 16.0 / 20.0, 0.0]))  # (1+3)² / (2·(1+9)) = 0.8; fully masked → 0
+    for seed in range(3):
+        lr, m = random_tensor(seed, (9,)), torch.tensor([1, 1, 0, 1, 1, 1, 0, 1, 1])
+        w = [math.exp(x) for x, keep in zip(lr.tolist(), m.tolist()) if keep]
+        assert compute_ess_ratio(lr, m).item() == pytest.approx(sum(w) ** 2 / (len(w) * sum(x * x for x in w)))
+
+
+def test_ess_ratio_stays_finite_for_extreme_log_ratios():
+    ess = compute_ess_ratio(t([[50.0, -50.0, 0.0], [INF, 0.0, 0.0], [-INF, -INF, -INF]], torch.float32),
+                            torch.ones(3, 3))
+    assert torch.isfinite(ess).all()
+    torch.testing.assert_close(ess, t([1 / 3, 1 / 3, 1.0], torch.float32), atol=1e-6, rtol=1e-5)
+
+
+def test_sum_of_sample_mean_hand_computed_with_a_fully_masked_sample():
+    values = [t([1.0, 3.0, 100.0]), t([NAN, INF]), t([2.0])]
+    masks = [torch.tensor([1, 1, 0]), torch.tensor([0, 0]), torch.tensor([1])]
+    # sample means 2.0, 0 (fully masked), 2.0 → mean over 3 samples
+    assert sum_of_sample_mean(values, masks).item() == pytest.approx(4.0 / 3.0)
+    assert sum_of_sample_mean(values, masks, divisor=8).item() == pytest.approx(4.0 / 8.0)
+    # token sum: (1 + 3 + 2) over 3 unmasked tokens, or over a given divisor
+    assert sum_of_token(values, masks).item() == pytest.approx(2.0)
+    assert sum_of_token(values, masks, divisor=12).item() == pytest.approx(0.5)
+    assert sum_of_token([t([5.0])], [torch.tensor([0])]).item() == 0.0
+
+
+def test_reductions_accept_padded_tensors_and_reject_mismatched_lists():
+    values, masks = t([[1.0, 3.0], [2.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
+    assert sum_of_sample_mean(values, masks).item() == pytest.approx(2.0)
+    assert sum_of_token(values, masks).item() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="pair up"):
+        sum_of_sample_mean([t([1.0, 2.0])], [torch.tensor([1])])
+
+
+def test_sum_of_sample_mean_gradient_weights_each_token_by_its_sample():
+    values = [t([1.0, 2.0]).requires_grad_(True), t([3.0, 4.0, 5.0, 6.0]).requires_grad_(True)]
+    sum_of_sample_mean(values, [torch.ones(2), torch.tensor([1, 1, 1, 0])]).backward()
+    torch.testing.assert_close(values[0].grad, t([0.25, 0.25]))
+    torch.testing.assert_close(values[1].grad, t([1 / 6, 1 / 6, 1 / 6, 0.0]))
