@@ -186,6 +186,12 @@ def _check_kl(args) -> None:
             "penalty may be active: the reward-shaping one (--kl-coef) or the loss term (--use-kl-loss "
             "--kl-loss-coef). Set the other to 0."
         )
+    if args.kl_coef != 0 and args.advantage_estimator in ("grpo", "gspo"):
+        raise MilesConfigError(
+            f"--kl-coef is {args.kl_coef}, but --advantage-estimator {args.advantage_estimator} has no per-token "
+            "reward to fold a KL penalty into. Use a KL loss instead: "
+            f"--use-kl-loss --kl-loss-coef {args.kl_coef}."
+        )
     if args.use_critic and args.kl_coef != 0:
         raise MilesConfigError(
             f"--kl-coef is {args.kl_coef}, but PPO requires --kl-coef 0 (upstream's rule). Use a KL loss instead: "

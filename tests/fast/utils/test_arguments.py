@@ -118,11 +118,16 @@ class TestDerivedValues:
 # Each rule: argv that breaks it, and words the message must contain (the value and the fix).
 RULES = {
     "rollout logprobs excludes tis": (["--use-rollout-logprobs", "--use-tis"], ["exclude each other"]),
-    "one kl penalty": (["--kl-coef", "0.1", "--kl-loss-coef", "0.1"], ["0.1", "Set the other to 0"]),
+    "one kl penalty": (
+        ["--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages", "--kl-coef", "0.1",
+         "--kl-loss-coef", "0.1"],
+        ["0.1", "Set the other to 0"],
+    ),
     "ppo requires kl-coef 0": (
         ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--keep-old-actor"],
         ["--kl-coef 0", "--use-kl-loss --kl-loss-coef 0.05"],
     ),
+    "grpo has no reward-shaping kl": (["--kl-coef", "0.1"], ["--advantage-estimator grpo", "--use-kl-loss"]),
     "reinforce++ needs normalization": (
         ["--advantage-estimator", "reinforce_plus_plus"],
         ["requires --normalize-advantages"],
