@@ -4,16 +4,21 @@ from miles.utils.arguments import parse_args
 from miles.utils.cli import run_cli
 from miles.utils.logging_utils import configure_logging
 
-TRAINING_NOT_BUILT = (
-    "The launch is valid, but training is not built yet: the training stack (Ray, models, rollout engines, "
-    "the loop) arrives with the issue 'A real training stack on CPU'."
-)
-
 
 def train(args) -> None:
     configure_logging(args)
-    # Hand-over point: the issue "A real training stack on CPU" replaces this with the sync loop.
-    raise SystemExit(TRAINING_NOT_BUILT)
+    from miles.ray.run import (
+        training_run,  # torch, ray, transformers: only once the launch is known valid
+    )
+
+    with training_run(args, driver="train") as run:
+        for rollout_id in run.rollout_ids():
+            rollout_ref, rollout_metrics_ref = run.generate(rollout_id)
+            train_metrics = run.wait(run.train(rollout_id, rollout_ref))
+            run.wait(run.update_weights(rollouts_trained=rollout_id + 1))
+            run.finish_rollout(rollout_id, [run.wait(rollout_metrics_ref), *train_metrics])
+            if run.should_stop(rollout_id):
+                break
 
 
 if __name__ == "__main__":

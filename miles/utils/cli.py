@@ -12,5 +12,8 @@ def run_cli(main) -> None:
     try:
         main()
     except MilesConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        # An error raised inside a Ray actor arrives wrapped (a RayTaskError that is also a MilesConfigError);
+        # its .cause is the original, whose message is the one meant for the user.
+        cause = getattr(error, "cause", None)
+        print(f"error: {cause if isinstance(cause, MilesConfigError) else error}", file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_STATUS)

@@ -223,6 +223,12 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
     group.add_argument(
         "--ray-address", default=None, help="Join this Ray cluster (or $RAY_ADDRESS). (default: start a local one)"
     )
+    group.add_argument(
+        "--ray-placement-timeout",
+        type=float,
+        default=60.0,
+        help="Seconds to wait for the run's CPU bundles before failing with an error. (default: %(default)s)",
+    )
 
 
 def departures_epilog() -> str:

@@ -39,3 +39,11 @@ class Sample:
     @property
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout: every sample of ``rollout_batch_size`` prompts, rewards filled in, grouped by prompt."""
+
+    rollout_id: int
+    samples: list[Sample]

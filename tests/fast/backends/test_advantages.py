@@ -6,7 +6,10 @@ import statistics
 import pytest
 import torch
 
-from miles.backends.training_utils.advantages import ADVANTAGE_ESTIMATORS, compute_advantages_and_returns
+from miles.backends.training_utils.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages_and_returns,
+)
 
 
 def mask(*bits):

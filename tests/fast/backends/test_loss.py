@@ -10,7 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miles.backends.training_utils.loss import LossConfig, policy_loss, sft_loss, step_divisor, value_loss
+from miles.backends.training_utils.loss import (
+    LossConfig,
+    policy_loss,
+    sft_loss,
+    step_divisor,
+    value_loss,
+)
 from miles.utils.arguments import parse_args
 
 NAN = float("nan")

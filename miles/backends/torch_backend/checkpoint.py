@@ -1,0 +1,74 @@
+"""Atomic checkpoints: HF-format weights plus the trainer state needed to resume exactly.
+
+Layout of a save folder::
+
+    SAVE/rollout_000009/actor/      config.json, model.safetensors, tokenizer files, trainer_state.pt
+    SAVE/rollout_000009/critic/     (PPO; or under --critic-save)
+    SAVE/latest_checkpointed_iteration.txt   "9", written last
+
+Each role's folder is written to a temporary sibling and renamed into place in one step, and the ``latest`` marker
+is replaced atomically only after every role finished (by the driver). A crash mid-save therefore leaves either
+the previous checkpoint as latest or a complete new one, never a checkpoint that loads wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+TRAINER_STATE_FILE = "trainer_state.pt"
+TOKENIZER_FILE_PATTERNS = ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")
+
+
+def rollout_dir(root: str, rollout_id: int) -> Path:
+    return Path(root) / f"rollout_{rollout_id:06d}"
+
+
+def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict, tokenizer_source: str | None) -> Path:
+    """Write ``root/rollout_<id>/<role>`` atomically: HF weights, tokenizer files, and ``trainer_state.pt``."""
+    final = rollout_dir(root, rollout_id) / role
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{role}.tmp-", dir=final.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        if tokenizer_source is not None:
+            _copy_tokenizer_files(Path(tokenizer_source), staging)
+        torch.save(trainer_state, staging / TRAINER_STATE_FILE)
+        if final.exists():  # re-saving the same rollout (e.g. the final save after an interval save)
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def mark_latest(root: str, rollout_id: int) -> None:
+    """Point ``root``'s latest marker at ``rollout_id``; call only after every role of that rollout is saved."""
+    marker = Path(root) / LATEST_FILE
+    staging = marker.with_name(f".{LATEST_FILE}.tmp-{os.getpid()}")
+    staging.write_text(f"{rollout_id}\n")
+    os.replace(staging, marker)
+
+
+def latest_rollout_id(root: str) -> int | None:
+    marker = Path(root) / LATEST_FILE
+    if not marker.is_file():
+        return None
+    return int(marker.read_text().strip())
+
+
+def load_trainer_state(role_dir: Path) -> dict:
+    return torch.load(role_dir / TRAINER_STATE_FILE, weights_only=False)
+
+
+def _copy_tokenizer_files(source: Path, target: Path) -> None:
+    for pattern in TOKENIZER_FILE_PATTERNS:
+        for path in source.glob(pattern):
+            if path.is_file():
+                shutil.copy2(path, target / path.name)

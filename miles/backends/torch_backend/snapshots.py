@@ -1,0 +1,63 @@
+"""Version-keyed weight snapshots for ``--keep-old-actor``.
+
+Upstream keeps the old actor in a two-slot queue, exact only for ``--update-weights-interval 1``. Here every
+weight version pushed to the rollout engines gets a snapshot, looked up by the version stamped on the samples,
+so the denominator is computed with exactly the weights that generated the rollout, for every interval.
+
+Release rule (why at most two snapshots exist): pushes happen only after the in-flight generation is drained,
+so at a push of version v_new every unconsumed rollout carries the previously pushed version v_prev; no rollout
+can reference anything older. And rollouts are trained in order with non-decreasing versions, so training a
+rollout of version v releases everything older than v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from miles.utils.errors import OffPolicyGuardError
+
+
+@dataclass(frozen=True)
+class WeightSnapshot:
+    version: int
+    fingerprint: float
+    state_dict: dict[str, torch.Tensor]
+
+
+class WeightSnapshotStore:
+    def __init__(self) -> None:
+        self._snapshots: dict[int, WeightSnapshot] = {}
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def versions(self) -> list[int]:
+        return sorted(self._snapshots)
+
+    def add_pushed(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: float) -> None:
+        """Record the weights pushed as ``version``; drop versions no unconsumed rollout can still reference."""
+        if self._snapshots and version <= max(self._snapshots):
+            raise ValueError(f"weight version {version} is not newer than {max(self._snapshots)}")
+        previous = max(self._snapshots, default=None)
+        cloned = {name: tensor.detach().clone() for name, tensor in state_dict.items()}
+        self._snapshots[version] = WeightSnapshot(version, fingerprint, cloned)
+        if previous is not None:
+            self._release_older_than(previous)
+
+    def take_for_training(self, version: int, rollout_id: int) -> WeightSnapshot:
+        """The snapshot that generated a rollout of ``version``; older ones are released. Missing is an error."""
+        if version not in self._snapshots:
+            raise OffPolicyGuardError(
+                f"rollout {rollout_id} was generated with weight version {version}, but the snapshot store holds "
+                f"versions {self.versions()}: the --keep-old-actor denominator cannot be computed with the weights "
+                "that generated it, and miles never falls back to the current weights. This is a bug in the loop's "
+                "push/release order; please report it with the run's metrics.jsonl."
+            )
+        self._release_older_than(version)
+        return self._snapshots[version]
+
+    def _release_older_than(self, version: int) -> None:
+        for old in [v for v in self._snapshots if v < version]:
+            del self._snapshots[old]

@@ -1,0 +1,120 @@
+"""The RolloutManager: owns the rollout engines, the prompt data and the reward function.
+
+A plain class, made a Ray actor by ``create_rollout_manager``. It only dispatches, so its module imports no torch
+or transformers (the engines are created by the caller, who has them imported already); that keeps the manager's
+process start cheap. ``generate(rollout_id)`` returns the rollout and its
+metrics as two objects, so the driver awaits the small metrics while the samples travel from here to the train
+actors as an object reference.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import ray
+
+from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
+from miles.rollout.data_source import PromptDataSource, load_prompt_data
+from miles.rollout.rm import get_reward_fn
+from miles.utils.types import RolloutBatch, Sample, SampleStatus
+
+
+def rollout_seed(base_seed: int, rollout_id: int, engine_index: int) -> int:
+    """Sampling seed of one engine's share of rollout ``rollout_id``: a rollout is reproducible from its id."""
+    return zlib.crc32(f"{base_seed}:{rollout_id}:{engine_index}".encode())
+
+
+def _split(items: list, parts: int) -> list[list]:
+    """Contiguous, nearly equal parts (prompt groups stay whole because whole prompts are split)."""
+    size, extra = divmod(len(items), parts)
+    bounds = [0]
+    for part in range(parts):
+        bounds.append(bounds[-1] + size + (part < extra))
+    return [items[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+class RolloutManager:
+    def __init__(self, args, engines: list) -> None:
+        self.args = args
+        self.engines = engines
+        self.data_source = PromptDataSource(
+            load_prompt_data(args.prompt_data, args.input_key, args.label_key),
+            args.rollout_batch_size, args.rollout_shuffle, args.rollout_seed,
+        )
+        self.eval_prompts = (
+            load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key) if args.eval_prompt_data else []
+        )
+        self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
+        self.weight_version = 0
+        self.last_push_s = 0.0  # engines' load time of the latest push, reported with the next rollout
+
+    def num_prompts(self) -> int:
+        return len(self.data_source)
+
+    def load_weights(self, payload: dict) -> list[float]:
+        """Load ``{"version", "fingerprint", "state_dict"}`` into every engine; return their loaded fingerprints."""
+        start = time.perf_counter()
+        fingerprints = ray.get(
+            [engine.load_weights.remote(payload["state_dict"], payload["version"]) for engine in self.engines]
+        )
+        self.weight_version = payload["version"]
+        self.last_push_s = time.perf_counter() - start
+        return fingerprints
+
+    def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int) -> list[Sample]:
+        shares = _split(prompts, len(self.engines))
+        futures = [
+            engine.generate.remote(
+                share, n_samples, self.args.rollout_temperature, self.args.rollout_max_response_len,
+                rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, index),
+            )
+            for index, (engine, share) in enumerate(zip(self.engines, shares, strict=True))
+            if share
+        ]
+        samples = [sample for share in ray.get(futures) for sample in share]
+        for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
+            sample.index, sample.group_index = index, index // n_samples
+            sample.reward = self.reward_fn(sample.prompt, sample.response, sample.label)
+        return samples
+
+    def generate(self, rollout_id: int) -> tuple[RolloutBatch, dict[str, float]]:
+        start = time.perf_counter()
+        samples = self._sample(self.data_source.get_prompts(rollout_id), self.args.n_samples_per_prompt, rollout_id, 0)
+        rewards = [sample.reward for sample in samples]
+        metrics = {
+            "rollout/reward_mean": sum(rewards) / len(rewards),
+            "rollout/response_length_mean": sum(s.response_length for s in samples) / len(samples),
+            "rollout/truncated_fraction": sum(s.status == SampleStatus.TRUNCATED for s in samples) / len(samples),
+            "rollout/num_samples": float(len(samples)),
+            "rollout/weight_version": float(self.weight_version),
+            "perf/generate_s": time.perf_counter() - start,
+            "perf/last_push_s": self.last_push_s,
+        }
+        return RolloutBatch(rollout_id, samples), metrics
+
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Mean reward over the held-out prompts, --n-samples-per-prompt samples each at the rollout temperature
+        (the sampled accuracy for 0/1 rule rewards), seeded apart from the training rollouts."""
+        if not self.eval_prompts:
+            return {}
+        samples = self._sample(self.eval_prompts, self.args.n_samples_per_prompt, rollout_id, seed_offset=1)
+        return {"eval/accuracy": sum(sample.reward for sample in samples) / len(samples)}
+
+
+def create_rollout_manager(args, placement: Placement):
+    """The manager actor (no CPU of its own: it only dispatches) and one engine actor per engine bundle."""
+    from miles.rollout.engine import (
+        TorchRolloutEngine,  # torch + transformers: the caller has them already
+    )
+
+    engine_cpus = 0 if args.colocate else CPUS_PER_BUNDLE
+    engines = [
+        ray.remote(TorchRolloutEngine)
+        .options(num_cpus=engine_cpus, scheduling_strategy=placement.strategy(bundle))
+        .remote(args.hf_checkpoint, args.rollout_seed, 1)
+        for bundle in placement.engine_bundles
+    ]
+    manager = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engines)
+    placement.actors.append(manager)
+    return manager

@@ -1,0 +1,166 @@
+"""Everything the drivers orchestrate, behind a few verbs: generate, train, update_weights, finish_rollout.
+
+``training_run(args, driver)`` resolves the embedded default, starts (or joins) Ray, places the engines, the
+actor and the critic, loads ``--load``, pushes weight version 1, and on exit releases every actor, closes the
+metrics and prints the summary. The verbs return Ray object references, so the async driver can overlap them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+
+import ray
+
+from miles.backends.torch_backend import checkpoint
+from miles.backends.torch_backend.trainer import PolicyTrainer, ValueTrainer
+from miles.ray.cluster import (
+    CPUS_PER_BUNDLE,
+    Placement,
+    count_bundles,
+    create_placement,
+    ray_session,
+)
+from miles.ray.rollout_manager import create_rollout_manager
+from miles.rollout.data_source import PromptDataSource, load_prompt_data
+from miles.rollout.embedded import ensure_embedded_default
+from miles.rollout.rm import get_reward_fn
+from miles.utils.hf import check_hf_checkpoint
+from miles.utils.plot import plot_run
+from miles.utils.tracking import MetricsTracker, default_log_dir, format_summary
+
+logger = logging.getLogger("miles")
+
+
+def resolve_run_paths(args, driver: str) -> None:
+    """Fill the embedded default's model and data, and the run folder, where the flags left them unset."""
+    if args.hf_checkpoint is None or args.prompt_data is None:
+        embedded = ensure_embedded_default()
+        if args.hf_checkpoint is None:
+            args.hf_checkpoint = embedded.checkpoint_dir
+            logger.info("derived hf_checkpoint = %s (the embedded default)", args.hf_checkpoint)
+        if args.prompt_data is None:
+            args.prompt_data = embedded.train_jsonl
+            if args.eval_prompt_data is None:
+                args.eval_prompt_data = embedded.eval_jsonl
+            logger.info("derived prompt_data = %s, eval_prompt_data = %s", args.prompt_data, args.eval_prompt_data)
+    if args.log_dir is None:
+        args.log_dir = default_log_dir(driver, args.advantage_estimator)
+        logger.info("derived log_dir = %s", args.log_dir)
+
+
+def preflight(args) -> None:
+    """Fail on bad input in this process, before Ray starts or anything is written (each raises MilesConfigError)."""
+    check_hf_checkpoint(args.hf_checkpoint)
+    for path in (args.prompt_data, args.eval_prompt_data):
+        if path is not None:
+            PromptDataSource(load_prompt_data(path, args.input_key, args.label_key), args.rollout_batch_size, False, 0)
+    get_reward_fn(args.rm_type, args.custom_rm_path)
+
+
+@dataclass
+class TrainingRun:
+    args: object
+    placement: Placement
+    rollout_manager: object
+    actor: object
+    critic: object | None
+    tracker: MetricsTracker
+    start_rollout_id: int
+
+    @staticmethod
+    def wait(refs):
+        """Block until the referenced results are ready and return them (the sync driver's ``await``)."""
+        return ray.get(refs)
+
+    def rollout_ids(self) -> range:
+        return range(self.start_rollout_id, self.args.num_rollout)
+
+    def generate(self, rollout_id: int):
+        """(rollout data ref, rollout metrics ref)."""
+        return self.rollout_manager.generate.options(num_returns=2).remote(rollout_id)
+
+    def train(self, rollout_id: int, rollout_ref) -> list:
+        """Refs of the train metrics. PPO: the critic's values (before its step) feed both the critic and the actor."""
+        if self.critic is None:
+            return [self.actor.train.remote(rollout_id, rollout_ref)]
+        values_ref = self.critic.compute_values.remote(rollout_ref)
+        refs = [self.critic.train.remote(rollout_id, rollout_ref, values_ref)]
+        if rollout_id >= self.args.num_critic_only_steps:
+            refs.append(self.actor.train.remote(rollout_id, rollout_ref, values_ref))
+        return refs
+
+    def update_weights(self, rollouts_trained: int):
+        """Push the actor's weights to the engines as the next version, through the object store."""
+        return self.rollout_manager.load_weights.remote(self.actor.export_weights.remote(rollouts_trained))
+
+    def finish_rollout(self, rollout_id: int, metrics: list[dict]) -> None:
+        """Save and evaluate when due, then log the rollout's metrics."""
+        merged = {name: value for part in metrics for name, value in part.items()}
+        if self._due(self.args.eval_interval, rollout_id):
+            merged.update(ray.get(self.rollout_manager.evaluate.remote(rollout_id)))
+        if self.args.save and (self._due(self.args.save_interval, rollout_id) or self._is_last(rollout_id)):
+            self.save(rollout_id)
+        self.tracker.log(rollout_id, merged)
+
+    def save(self, rollout_id: int) -> None:
+        refs = [self.actor.save.remote(self.args.save, rollout_id)]
+        if self.critic is not None:
+            refs.append(self.critic.save.remote(self.args.critic_save, rollout_id))
+        ray.get(refs)
+        for root in {self.args.save, self.args.critic_save if self.critic is not None else self.args.save}:
+            checkpoint.mark_latest(root, rollout_id)
+
+    def should_stop(self, rollout_id: int) -> bool:
+        return self.args.debug_exit_after_rollout is not None and rollout_id >= self.args.debug_exit_after_rollout
+
+    def _due(self, interval: int | None, rollout_id: int) -> bool:
+        return bool(interval) and (rollout_id + 1) % interval == 0
+
+    def _is_last(self, rollout_id: int) -> bool:
+        return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
+
+
+def _create_trainers(args, placement: Placement):
+    actor = ray.remote(PolicyTrainer).options(
+        num_cpus=CPUS_PER_BUNDLE, scheduling_strategy=placement.strategy(placement.actor_bundle)
+    ).remote(args, CPUS_PER_BUNDLE)
+    critic = None
+    if args.use_critic:
+        critic = ray.remote(ValueTrainer).options(
+            num_cpus=CPUS_PER_BUNDLE, scheduling_strategy=placement.strategy(placement.critic_bundle)
+        ).remote(args, CPUS_PER_BUNDLE)
+    return actor, critic
+
+
+def _derive_num_rollout(args, num_prompts: int) -> None:
+    if args.num_epoch is not None:
+        args.num_rollout = math.ceil(args.num_epoch * num_prompts / args.rollout_batch_size)
+        logger.info("derived num_rollout = %d (from --num-epoch %d over %d prompts)", args.num_rollout, args.num_epoch, num_prompts)
+
+
+@contextlib.contextmanager
+def training_run(args, driver: str):
+    resolve_run_paths(args, driver)
+    preflight(args)
+    num_bundles = count_bundles(args.rollout_num_engines, args.use_critic, args.colocate)
+    with ray_session(args.ray_address, num_cpus=num_bundles):
+        placement = create_placement(args.rollout_num_engines, args.use_critic, args.colocate, args.ray_placement_timeout)
+        try:
+            rollout_manager = create_rollout_manager(args, placement)
+            actor, critic = _create_trainers(args, placement)
+            start_rollout_id = ray.get(actor.init.remote())
+            if critic is not None:
+                ray.get(critic.init.remote())
+            _derive_num_rollout(args, ray.get(rollout_manager.num_prompts.remote()))
+            ray.get(rollout_manager.load_weights.remote(actor.export_weights.remote(start_rollout_id)))
+            with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
+                                vars(args), driver) as tracker:
+                yield TrainingRun(args, placement, rollout_manager, actor, critic, tracker, start_rollout_id)
+            print(format_summary(tracker.close()))
+            for path in plot_run(args.log_dir):
+                print(f"plot: {path}")
+        finally:
+            placement.release()

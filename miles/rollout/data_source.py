@@ -1,0 +1,99 @@
+"""Prompt data: an upstream-format JSONL loader and a deterministic, resumable source of rollout batches."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from miles.utils.errors import MilesConfigError
+
+
+def load_prompt_data(path: str, input_key: str, label_key: str | None) -> list[dict]:
+    """Read a JSONL file of objects into ``[{"prompt": str, "label": str}, ...]`` in file order.
+
+    ``input_key`` names the prompt (a string); ``label_key`` the label (a string, or a number/other JSON value,
+    which is kept as its JSON text, e.g. 7 -> "7"); ``label_key=None`` means no labels (label ""). Blank lines
+    are skipped. Every problem is a ``MilesConfigError`` naming the file, the line and the fix.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        example = json.dumps({input_key: "3+4=", label_key or "label": "7"})
+        raise MilesConfigError(
+            f"--prompt-data {path!r}: no such file. Pass a JSONL file with one object per line, e.g. {example}, "
+            f"or leave the flag out for the embedded task."
+        )
+    prompts = []
+    with file.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if line.strip():
+                prompts.append(_parse_line(line, line_number, path, input_key, label_key))
+    if not prompts:
+        raise MilesConfigError(
+            f"--prompt-data {path!r} has no prompts (the file is empty or blank). Write one JSON object per line."
+        )
+    return prompts
+
+
+def _parse_line(line: str, line_number: int, path: str, input_key: str, label_key: str | None) -> dict:
+    where = f"--prompt-data {path!r} line {line_number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise MilesConfigError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); fix that line.") from exc
+    if not isinstance(record, dict):
+        raise MilesConfigError(f"{where} is a JSON {type(record).__name__}, not an object; write one object per line.")
+    for key, flag in ((input_key, "--input-key"), (label_key, "--label-key")):
+        if key is not None and key not in record:
+            raise MilesConfigError(
+                f"{where} has no key {key!r} (its keys: {sorted(record)}); add it, or set {flag} to the key your "
+                f"data uses."
+            )
+    prompt = record[input_key]
+    if not isinstance(prompt, str):
+        raise MilesConfigError(
+            f"{where}: the prompt under {input_key!r} is a {type(prompt).__name__}, not a string; store the text."
+        )
+    label = "" if label_key is None else record[label_key]
+    return {"prompt": prompt, "label": label if isinstance(label, str) else json.dumps(label)}
+
+
+class PromptDataSource:
+    """Rollout k gets the prompts at positions [k·B, (k+1)·B) of an endless stream of epochs over the data.
+
+    Epoch e is the data in file order, or, with ``shuffle``, permuted by ``random.Random(seed + e)``. A batch may
+    run across an epoch boundary. The answer depends only on (prompts, B, shuffle, seed, k), never on what was
+    asked before, so a resumed run gets the same prompts for rollout k.
+    """
+
+    def __init__(self, prompts: list[dict], rollout_batch_size: int, shuffle: bool, seed: int):
+        if not prompts:
+            raise MilesConfigError("the prompt data source got no prompts; the prompt file must have at least one.")
+        if isinstance(rollout_batch_size, bool) or not isinstance(rollout_batch_size, int) or rollout_batch_size < 1:
+            raise MilesConfigError(f"--rollout-batch-size={rollout_batch_size!r}: must be a positive integer.")
+        self.prompts = list(prompts)
+        self.rollout_batch_size = rollout_batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self._epoch_orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def get_prompts(self, rollout_id: int) -> list[dict]:
+        """The ``rollout_batch_size`` prompts of rollout ``rollout_id`` (counted from 0)."""
+        if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < 0:
+            raise ValueError(f"rollout_id={rollout_id!r}: must be an integer >= 0.")
+        start = rollout_id * self.rollout_batch_size
+        positions = range(start, start + self.rollout_batch_size)
+        return [dict(self.prompts[self._epoch_order(p // len(self))[p % len(self)]]) for p in positions]
+
+    def _epoch_order(self, epoch: int) -> Sequence[int]:
+        if not self.shuffle:
+            return range(len(self))
+        if epoch not in self._epoch_orders:
+            order = list(range(len(self)))
+            random.Random(self.seed + epoch).shuffle(order)
+            self._epoch_orders = {epoch: order}  # batches touch at most two epochs; keep only the newest
+        return self._epoch_orders[epoch]

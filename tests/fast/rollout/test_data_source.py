@@ -1,0 +1,141 @@
+"""Prompt JSONL loading (with its errors) and the deterministic rollout-batch source."""
+
+import json
+import random
+
+import pytest
+
+from miles.rollout.data_source import PromptDataSource, load_prompt_data
+from miles.utils.errors import MilesConfigError
+
+
+def _write(tmp_path, text, name="data.jsonl"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_loads_upstream_format_in_file_order(tmp_path):
+    path = _write(tmp_path, '{"prompt": "3+4=", "label": "7"}\n\n{"prompt": "1+1=", "label": "2", "extra": 1}\n')
+    assert load_prompt_data(path, "prompt", "label") == [
+        {"prompt": "3+4=", "label": "7"},
+        {"prompt": "1+1=", "label": "2"},
+    ]
+
+
+def test_custom_keys_and_non_string_labels(tmp_path):
+    path = _write(tmp_path, '{"question": "2+2=", "answer": 4}\n{"question": "x", "answer": [1, "a"]}\n')
+    assert load_prompt_data(path, "question", "answer") == [
+        {"prompt": "2+2=", "label": "4"},
+        {"prompt": "x", "label": '[1, "a"]'},
+    ]
+    assert load_prompt_data(path, "question", None) == [{"prompt": "2+2=", "label": ""}, {"prompt": "x", "label": ""}]
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(MilesConfigError, match=r"--prompt-data .*nope\.jsonl.*no such file"):
+        load_prompt_data(str(tmp_path / "nope.jsonl"), "prompt", "label")
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\n"])
+def test_empty_file_is_a_clear_error(tmp_path, text):
+    with pytest.raises(MilesConfigError, match="has no prompts"):
+        load_prompt_data(_write(tmp_path, text), "prompt", "label")
+
+
+def test_malformed_line_names_its_line_number(tmp_path):
+    path = _write(tmp_path, '{"prompt": "a", "label": "1"}\n\n{"prompt": "b", "label": \n')
+    with pytest.raises(MilesConfigError, match=r"line 3 is not valid JSON"):
+        load_prompt_data(path, "prompt", "label")
+
+
+def test_non_object_line_is_rejected(tmp_path):
+    with pytest.raises(MilesConfigError, match=r"line 1 is a JSON list, not an object"):
+        load_prompt_data(_write(tmp_path, '["3+4=", "7"]\n'), "prompt", "label")
+
+
+@pytest.mark.parametrize(
+    "key_flag, input_key, label_key", [("--input-key", "input", "label"), ("--label-key", "prompt", "answer")]
+)
+def test_missing_key_names_line_key_and_flag(tmp_path, key_flag, input_key, label_key):
+    path = _write(tmp_path, '{"prompt": "a", "label": "1"}\n{"prompt": "b", "label": "2"}\n')
+    with pytest.raises(MilesConfigError, match=rf"line 1 has no key .*\['label', 'prompt'\].*{key_flag}"):
+        load_prompt_data(path, input_key, label_key)
+
+
+def test_non_string_prompt_is_rejected(tmp_path):
+    with pytest.raises(MilesConfigError, match=r"line 1: the prompt under 'prompt' is a int"):
+        load_prompt_data(_write(tmp_path, '{"prompt": 34, "label": "7"}\n'), "prompt", "label")
+
+
+PROMPTS = [{"prompt": f"p{i}", "label": str(i)} for i in range(7)]
+
+
+def _reference_batch(prompts, batch_size, shuffle, seed, rollout_id):
+    """Straightforward loop: walk the endless stream of epochs up to the rollout's last position."""
+    stream = []
+    epoch = 0
+    while len(stream) < (rollout_id + 1) * batch_size:
+        order = list(range(len(prompts)))
+        if shuffle:
+            random.Random(seed + epoch).shuffle(order)
+        stream.extend(prompts[i] for i in order)
+        epoch += 1
+    return stream[rollout_id * batch_size : (rollout_id + 1) * batch_size]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 3, 7, 10])
+def test_batches_match_a_reference_loop(shuffle, batch_size):
+    source = PromptDataSource(PROMPTS, rollout_batch_size=batch_size, shuffle=shuffle, seed=5)
+    for rollout_id in range(12):
+        assert source.get_prompts(rollout_id) == _reference_batch(PROMPTS, batch_size, shuffle, 5, rollout_id)
+
+
+def test_without_shuffle_batches_follow_file_order_and_wrap():
+    source = PromptDataSource(PROMPTS, rollout_batch_size=3, shuffle=False, seed=0)
+    assert [p["label"] for p in source.get_prompts(0)] == ["0", "1", "2"]
+    assert [p["label"] for p in source.get_prompts(2)] == ["6", "0", "1"]  # crosses into epoch 1
+
+
+def test_shuffled_epochs_are_permutations_in_different_orders():
+    source = PromptDataSource(PROMPTS, rollout_batch_size=7, shuffle=True, seed=1)
+    epochs = [[p["label"] for p in source.get_prompts(k)] for k in range(4)]
+    assert all(sorted(epoch) == sorted(p["label"] for p in PROMPTS) for epoch in epochs)
+    assert len({tuple(epoch) for epoch in epochs}) > 1
+
+
+def test_resumed_source_gives_the_same_prompts_in_any_query_order():
+    first = PromptDataSource(PROMPTS, rollout_batch_size=4, shuffle=True, seed=3)
+    sequential = [first.get_prompts(k) for k in range(10)]
+    resumed = PromptDataSource(PROMPTS, rollout_batch_size=4, shuffle=True, seed=3)
+    assert [resumed.get_prompts(k) for k in (9, 6, 7, 8)] == [sequential[k] for k in (9, 6, 7, 8)]
+
+
+def test_returned_prompts_are_copies():
+    source = PromptDataSource(PROMPTS, rollout_batch_size=2, shuffle=False, seed=0)
+    source.get_prompts(0)[0]["prompt"] = "changed"
+    assert source.get_prompts(0)[0]["prompt"] == "p0"
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
+def test_bad_batch_size_is_rejected(batch_size):
+    with pytest.raises(MilesConfigError, match="--rollout-batch-size"):
+        PromptDataSource(PROMPTS, rollout_batch_size=batch_size, shuffle=False, seed=0)
+
+
+def test_empty_prompts_and_negative_rollout_id_are_rejected():
+    with pytest.raises(MilesConfigError, match="no prompts"):
+        PromptDataSource([], rollout_batch_size=1, shuffle=False, seed=0)
+    with pytest.raises(ValueError, match="rollout_id=-1"):
+        PromptDataSource(PROMPTS, rollout_batch_size=1, shuffle=False, seed=0).get_prompts(-1)
+
+
+def test_loaded_embedded_data_feeds_the_source(embedded):
+    prompts = load_prompt_data(embedded.train_jsonl, "prompt", "label")
+    source = PromptDataSource(prompts, rollout_batch_size=16, shuffle=True, seed=42)
+    assert len(source) == 80
+    assert [len(source.get_prompts(k)) for k in range(6)] == [16] * 6
+    fresh = PromptDataSource(prompts, rollout_batch_size=16, shuffle=True, seed=42)
+    assert json.dumps(fresh.get_prompts(5)) == json.dumps(source.get_prompts(5))
+    assert {p["prompt"] for k in range(5) for p in source.get_prompts(k)} == {p["prompt"] for p in prompts}

@@ -1,0 +1,108 @@
+"""miles.utils.plot: series and groups from metrics.jsonl, PNG files per group, and the CLI's errors."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from miles.utils.errors import MilesConfigError
+from miles.utils.plot import grouped_metrics, main, metric_series, plot_run
+from miles.utils.tracking import MetricsTracker
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+GROUPS_IN_PRINTED_ORDER = ["rollout", "eval", "train", "off_policy", "perf", "critic"]  # fixed ones, then others
+
+
+def _write_run(run_dir: Path, rollouts: int = 12) -> Path:
+    """A run folder from the real tracker: five groups, eval every 5 rollouts, one string metric, one NaN."""
+    with MetricsTracker(str(run_dir), False, rollouts, 0, {}, "train") as tracker:
+        for k in range(rollouts):
+            metrics = {
+                "rollout/reward_mean": k / rollouts, "rollout/response_len": 2.0 + k % 2,
+                "train/pg_loss": math.nan if k == 4 else -0.1 * k, "train/entropy": 1.0, "train/grad_norm": 0.5,
+                "train/kl": 0.01 * k, "off_policy/staleness_mean": 1.0, "off_policy/correction": "keep_old_actor",
+                "perf/generate_s": 0.01, "critic/value_loss": 0.2,
+            }
+            if k % 5 == 0:
+                metrics["eval/accuracy"] = 0.1 * k
+            tracker.log(k, metrics)
+    return run_dir
+
+
+def test_metric_series_keeps_finite_numbers_at_their_rollout_ids():
+    # NaN can reach here from a hand-written file (Python's json reads NaN); the tracker itself writes null.
+    records = [
+        {"rollout_id": 0, "time": 1.0, "a/x": 1.0, "a/s": "tis", "eval/acc": 0.5},
+        {"rollout_id": 1, "time": 2.0, "a/x": None, "a/s": "tis", "eval/acc": math.nan, "a/inf_only": math.inf},
+        {"rollout_id": 2, "time": 3.0, "a/x": 3, "eval/acc": 0.7, "a/flag": True},
+    ]
+    assert metric_series(records) == {
+        "a/x": ([0, 2], [1.0, 3.0]),
+        "eval/acc": ([0, 2], [0.5, 0.7]),
+        "a/flag": ([2], [1.0]),
+    }
+
+
+def test_groups_come_in_the_fixed_order_then_alphabetically():
+    names = ["zeta/a", "perf/t", "train/l", "loose", "rollout/r", "critic/v", "off_policy/s", "eval/a", "train/m"]
+    assert list(grouped_metrics(names).items()) == [  # a list, so the order is compared too
+        ("rollout", ["rollout/r"]), ("eval", ["eval/a"]), ("train", ["train/l", "train/m"]),
+        ("off_policy", ["off_policy/s"]), ("perf", ["perf/t"]), ("critic", ["critic/v"]), ("other", ["loose"]),
+        ("zeta", ["zeta/a"]),
+    ]
+
+
+def test_plot_run_writes_one_png_per_group_with_one_subplot_per_metric(tmp_path):
+    run_dir = _write_run(tmp_path / "run")
+    written = plot_run(run_dir)
+    assert written == [run_dir / "plots" / f"{name}.png" for name in GROUPS_IN_PRINTED_ORDER]
+    for path in written:
+        assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 5_000
+    # Figure size follows the grid: 4 in x 2.8 in per subplot (+0.5 in for the title), 3 columns, 100 dpi.
+    train_height, train_width, _ = matplotlib.image.imread(run_dir / "plots" / "train.png").shape
+    eval_height, eval_width, _ = matplotlib.image.imread(run_dir / "plots" / "eval.png").shape
+    assert (train_width, train_height) == (1200, 610)  # 4 metrics: 2 rows of 3
+    assert (eval_width, eval_height) == (400, 330)  # 1 metric
+
+
+def test_plot_run_writes_into_out_dir_when_given(tmp_path):
+    run_dir = _write_run(tmp_path / "run", rollouts=3)
+    written = plot_run(run_dir, tmp_path / "elsewhere" / "png")
+    assert written and all(path.parent == tmp_path / "elsewhere" / "png" for path in written)
+    assert not (run_dir / "plots").exists()
+
+
+def test_plot_run_refuses_a_run_without_numbers(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"rollout_id": 0, "time": 1.0, "off_policy/correction": "tis"}\n')
+    with pytest.raises(MilesConfigError, match="no numeric metric to plot"):
+        plot_run(tmp_path)
+
+
+class TestCli:
+    def test_prints_each_file_written(self, tmp_path, capsys):
+        run_dir = _write_run(tmp_path / "run", rollouts=3)
+        assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
+        expected = [tmp_path / "out" / f"{group}.png" for group in GROUPS_IN_PRINTED_ORDER]
+        assert capsys.readouterr().out.splitlines() == [str(path) for path in expected]
+        assert all(path.is_file() for path in expected)
+
+    @pytest.mark.parametrize("contents, message", [(None, "no metrics.jsonl in"), ("", "holds no metrics records")])
+    def test_missing_or_empty_metrics_is_one_error_line_and_exit_2(self, tmp_path, capsys, contents, message):
+        if contents is not None:
+            (tmp_path / "metrics.jsonl").write_text(contents)
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(tmp_path)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+    def test_module_entry_point_exits_2_on_a_missing_run(self, tmp_path):
+        result = subprocess.run([sys.executable, "-m", "miles.utils.plot", str(tmp_path / "nope")],
+                                capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+        assert result.returncode == 2
+        assert result.stderr.startswith("error: no metrics.jsonl in") and result.stdout == ""
+
