@@ -2,13 +2,17 @@
 
 The data each step trains on is one or more weight versions stale, so async PPO must name how its ratio
 denominator is corrected (docs/async_off_policy_contract.md); the first statements of ``train`` enforce that,
-before logging, Ray, models or files are touched.
+before logging, Ray, models or files are touched. At run time the actor guards every rollout against the
+staleness this loop's order implies (``expected_staleness``).
 """
 
 import asyncio
+import logging
 
 from miles.utils.arguments import (
+    async_staleness_warning,
     check_async_colocation,
+    check_async_max_weight_staleness,
     parse_args,
     validate_async_off_policy_correction,
 )
@@ -19,10 +23,13 @@ from miles.utils.logging_utils import configure_logging
 async def train(args) -> None:
     check_async_colocation(args)
     validate_async_off_policy_correction(args)
+    check_async_max_weight_staleness(args)
     configure_logging(args)
-    from miles.ray.run import (
-        training_run,  # torch, ray, transformers: only once the launch is known valid
-    )
+    if warning := async_staleness_warning(args):
+        logging.getLogger("miles").warning(warning)
+    # torch, ray and transformers are imported only once the launch is known to be valid.
+    from miles.ray.run import training_run
+    from miles.utils.off_policy import expected_staleness
 
     with training_run(args, driver="train_async") as run:
         next_rollout = run.generate(run.start_rollout_id)
@@ -30,7 +37,8 @@ async def train(args) -> None:
             rollout_ref, rollout_metrics_ref = next_rollout
             # Start the next rollout before training on this one: the overlap that makes the data stale.
             next_rollout = run.generate(rollout_id + 1) if rollout_id + 1 < args.num_rollout else None
-            train_metrics = await asyncio.gather(*run.train(rollout_id, rollout_ref))
+            staleness = expected_staleness(rollout_id, args.update_weights_interval, run.start_rollout_id)
+            train_metrics = await asyncio.gather(*run.train(rollout_id, rollout_ref, staleness))
             if (rollout_id + 1) % args.update_weights_interval == 0:
                 if next_rollout is not None:
                     await next_rollout[1]  # drain: no weight push lands in the middle of a generation

@@ -27,6 +27,8 @@ from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.embedded import ensure_embedded_default
 from miles.rollout.rm import get_reward_fn
+from miles.utils import off_policy
+from miles.utils.errors import OffPolicyGuardError
 from miles.utils.hf import check_hf_checkpoint
 from miles.utils.plot import plot_run
 from miles.utils.tracking import MetricsTracker, default_log_dir, format_summary
@@ -69,6 +71,14 @@ class TrainingRun:
     critic: object | None
     tracker: MetricsTracker
     start_rollout_id: int
+    last_finished_rollout: int | None = None
+    last_saved_rollout: int | None = None
+
+    def save_on_guard_error(self, error: OffPolicyGuardError) -> None:
+        """A guard violation stops the run; the last rollout that trained cleanly is saved first (with --save)."""
+        logger.error("runtime guard: %s", getattr(error, "cause", None) or error)
+        if self.args.save and self.last_finished_rollout is not None:
+            self.save(self.last_finished_rollout)
 
     @staticmethod
     def wait(refs):
@@ -82,36 +92,45 @@ class TrainingRun:
         """(rollout data ref, rollout metrics ref)."""
         return self.rollout_manager.generate.options(num_returns=2).remote(rollout_id)
 
-    def train(self, rollout_id: int, rollout_ref) -> list:
-        """Refs of the train metrics. PPO: the critic's values (before its step) feed both the critic and the actor."""
+    def train(self, rollout_id: int, rollout_ref, expected_staleness: int) -> list:
+        """Refs of the rollout's metrics. The actor first guards the rollout and computes its denominator; PPO's
+        critic values (taken before its step) feed both the actor and the critic, which steps after the guard."""
+        values_ref = self.critic.compute_values.remote(rollout_ref) if self.critic is not None else None
+        guard_ref = self.actor.prepare.remote(rollout_id, rollout_ref, expected_staleness, values_ref)
         if self.critic is None:
-            return [self.actor.train.remote(rollout_id, rollout_ref)]
-        values_ref = self.critic.compute_values.remote(rollout_ref)
-        refs = [self.critic.train.remote(rollout_id, rollout_ref, values_ref)]
-        if rollout_id >= self.args.num_critic_only_steps:
-            refs.append(self.actor.train.remote(rollout_id, rollout_ref, values_ref))
-        return refs
+            return [self.actor.train.remote(rollout_id, guard_ref)]
+        refs = [self.critic.train.remote(rollout_id, rollout_ref, values_ref, guard_ref)]
+        critic_only = rollout_id < self.args.num_critic_only_steps
+        return refs + [guard_ref if critic_only else self.actor.train.remote(rollout_id, guard_ref)]
 
     def update_weights(self, rollouts_trained: int):
         """Push the actor's weights to the engines as the next version, through the object store."""
         return self.rollout_manager.load_weights.remote(self.actor.export_weights.remote(rollouts_trained))
 
     def finish_rollout(self, rollout_id: int, metrics: list[dict]) -> None:
-        """Save and evaluate when due, then log the rollout's metrics."""
+        """Save and evaluate when due, log the rollout's metrics, and stop if the policy drifted past --max-behavior-kl."""
         merged = {name: value for part in metrics for name, value in part.items()}
         if self._due(self.args.eval_interval, rollout_id):
             merged.update(ray.get(self.rollout_manager.evaluate.remote(rollout_id)))
         if self.args.save and (self._due(self.args.save_interval, rollout_id) or self._is_last(rollout_id)):
             self.save(rollout_id)
         self.tracker.log(rollout_id, merged)
+        self.last_finished_rollout = rollout_id
+        if "off_policy/policy_behavior_kl" in merged:
+            off_policy.check_behavior_kl(rollout_id, merged["off_policy/policy_behavior_kl"],
+                                         self.args.max_behavior_kl, merged.get("off_policy/correction", "none"))
 
     def save(self, rollout_id: int) -> None:
+        if rollout_id == self.last_saved_rollout:
+            return
         refs = [self.actor.save.remote(self.args.save, rollout_id)]
         if self.critic is not None:
             refs.append(self.critic.save.remote(self.args.critic_save, rollout_id))
         ray.get(refs)
         for root in {self.args.save, self.args.critic_save if self.critic is not None else self.args.save}:
             checkpoint.mark_latest(root, rollout_id)
+        self.last_saved_rollout = rollout_id
+        logger.info("saved rollout %d to %s", rollout_id, self.args.save)
 
     def should_stop(self, rollout_id: int) -> bool:
         return self.args.debug_exit_after_rollout is not None and rollout_id >= self.args.debug_exit_after_rollout
@@ -158,7 +177,12 @@ def training_run(args, driver: str):
             ray.get(rollout_manager.load_weights.remote(actor.export_weights.remote(start_rollout_id)))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:
-                yield TrainingRun(args, placement, rollout_manager, actor, critic, tracker, start_rollout_id)
+                run = TrainingRun(args, placement, rollout_manager, actor, critic, tracker, start_rollout_id)
+                try:
+                    yield run
+                except OffPolicyGuardError as error:
+                    run.save_on_guard_error(error)
+                    raise
             print(format_summary(tracker.close()))
             for path in plot_run(args.log_dir):
                 print(f"plot: {path}")

@@ -51,10 +51,28 @@ def check_async_colocation(args) -> None:
         )
 
 
-def validate_async_launch(args) -> None:
-    """What ``train_async.py`` checks first, before logging, Ray, models or files (miles-check uses it too)."""
-    check_async_colocation(args)
-    validate_async_off_policy_correction(args)
+def check_async_max_weight_staleness(args) -> None:
+    """The async loop's worst case is --update-weights-interval rollouts of staleness (d(k) peaks at N)."""
+    if args.max_weight_staleness is not None and args.update_weights_interval > args.max_weight_staleness:
+        raise MilesConfigError(
+            f"--max-weight-staleness {args.max_weight_staleness} cannot hold: train_async.py with "
+            f"--update-weights-interval {args.update_weights_interval} trains on data up to "
+            f"{args.update_weights_interval} rollouts stale. Pass --update-weights-interval "
+            f"{max(args.max_weight_staleness, 1)} or less"
+            + (", or train synchronously with train.py." if args.max_weight_staleness < 1 else ".")
+        )
+
+
+def async_staleness_warning(args) -> str | None:
+    """The one startup warning for async runs that upstream exempts from the contract (critic-free, no correction)."""
+    if args.use_critic or args.use_rollout_logprobs or args.use_tis or args.keep_old_actor:
+        return None
+    return (
+        f"async {args.advantage_estimator} runs without a behavior-policy correction: its data is as stale as "
+        "async PPO's (every rollout after the first is at least one update old) and its ratio is anchored to the "
+        "current actor. It is accepted for upstream compatibility; add --use-tis (or --use-rollout-logprobs, or "
+        "--keep-old-actor) to correct it. The off_policy/* metrics show the drift."
+    )
 
 
 def get_miles_extra_args_provider(add_custom_arguments=None):
@@ -107,6 +125,7 @@ def miles_validate_args(args) -> None:
     _check_clip(args)
     _check_estimator_requirements(args)
     _check_checkpointing(args)
+    _check_guard_settings(args)
 
 
 def _derive(args, name: str, value, reason: str) -> None:
@@ -225,3 +244,14 @@ def _check_checkpointing(args) -> None:
         )
     if args.save_interval is not None and args.save_interval < 1:
         raise MilesConfigError(f"--save-interval is {args.save_interval}, but it must be at least 1.")
+
+
+def _check_guard_settings(args) -> None:
+    if not args.keep_old_actor_tol > 0:
+        raise MilesConfigError(
+            f"--keep-old-actor-tol is {args.keep_old_actor_tol}, but it must be > 0. Pass e.g. 1e-4 (torch engine)."
+        )
+    if args.max_weight_staleness is not None and args.max_weight_staleness < 0:
+        raise MilesConfigError(f"--max-weight-staleness is {args.max_weight_staleness}, but it must be >= 0.")
+    if args.max_behavior_kl is not None and not args.max_behavior_kl > 0:
+        raise MilesConfigError(f"--max-behavior-kl is {args.max_behavior_kl}, but it must be > 0.")

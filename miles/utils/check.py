@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from miles.utils.arguments import (
     build_parser,
     check_async_colocation,
+    check_async_max_weight_staleness,
     miles_validate_args,
     validate_async_off_policy_correction,
 )
@@ -669,7 +670,7 @@ def _validation_errors(args, driver: str) -> tuple:
     errors, contract_error = [], None
     checks = [miles_validate_args]
     if driver == ASYNC_DRIVER:
-        checks += [check_async_colocation, validate_async_off_policy_correction]
+        checks += [check_async_colocation, validate_async_off_policy_correction, check_async_max_weight_staleness]
     for check in checks:
         if check is validate_async_off_policy_correction and not hasattr(args, "use_critic"):
             break  # reported as "not determined" by _contract_line

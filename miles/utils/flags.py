@@ -59,6 +59,28 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
         "engines used (a snapshot per pushed weight version).",
     )
+    group.add_argument(
+        "--keep-old-actor-tol",
+        type=float,
+        default=1e-4,
+        help="Runtime guard: largest allowed |old - rollout| log-prob per token under --keep-old-actor (tight for "
+        "the torch engine in fp32, which agrees to ~1e-6; raise it for engines that are not bit-compatible). "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-weight-staleness",
+        type=int,
+        default=None,
+        help="Reject a launch (and stop a run) whose data is more than K rollouts stale. Counts rollouts trained "
+        "between generation and training, unlike upstream's fully-async sample filter. (default: off)",
+    )
+    group.add_argument(
+        "--max-behavior-kl",
+        type=float,
+        default=None,
+        help="Stop the run (after saving) when KL(behavior || current policy) at the first optimizer step of a "
+        "rollout exceeds this. (default: off)",
+    )
     group.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range, low side. (default: %(default)s)")
     group.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip range, high side. (default: --eps-clip)")
     group.add_argument(

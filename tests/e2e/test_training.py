@@ -52,7 +52,7 @@ def test_sync_ppo_runs_without_correction_and_is_never_stale(make_args):
     records = run_sync(make_args("--advantage-estimator", "ppo"))
     assert column(records, "off_policy/staleness_max") == [0, 0, 0, 0]
     # Sync: the denominator is recomputed by the very weights that generated the rollout.
-    assert max(column(records, "off_policy/old_rollout_abs_diff_max")) <= 1e-4
+    assert max(column(records, "off_policy/denominator_behavior_abs_diff_max")) <= 1e-4
 
 
 @pytest.mark.parametrize("estimator", ["gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
@@ -61,21 +61,12 @@ def test_every_other_estimator_trains(make_args, estimator):
     assert len(records) == 2 and all(math.isfinite(r["train/loss"]) for r in records)
 
 
-@pytest.mark.parametrize("interval", [1, 2])
-def test_keep_old_actor_denominator_matches_the_engine(make_args, interval, tmp_path):
-    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--num-rollout", "6",
-                     "--update-weights-interval", str(interval))
-    records = run_async(args)
-    assert column(records, "off_policy/staleness_max") == [staleness_reference(k, interval) for k in range(6)]
-    assert max(column(records, "off_policy/old_rollout_abs_diff_max")) <= 1e-4
-    assert max(column(records, "off_policy/num_snapshots")) <= 2
-
-
 def test_uncorrected_async_grpo_denominator_drifts_from_the_engine(make_args):
     records = run_async(make_args("--advantage-estimator", "grpo", "--num-rollout", "6", "--lr", "1e-3"))
     stale = [r for r in records if r["off_policy/staleness_max"] >= 1]
     mean_diff = sum(column(stale, "train/train_rollout_logprob_abs_diff")) / len(stale)
-    assert mean_diff >= 10 * 1e-4, mean_diff  # at least 10x the keep-old-actor bound above
+    # At least 10x the bound --keep-old-actor holds to (tests/e2e/test_guard.py: <= 1e-4 at intervals 1, 2, 3).
+    assert mean_diff >= 10 * 1e-4, mean_diff
 
 
 @pytest.mark.parametrize("estimator, extra", [("grpo", []), ("ppo", ["--keep-old-actor"])], ids=["grpo", "ppo"])

@@ -7,10 +7,12 @@ are already scaled by the whole step's divisor, so the gradient does not depend 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +26,7 @@ from miles.backends.training_utils.loss import (
     step_divisor,
     value_loss,
 )
+from miles.utils import off_policy
 from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.hf import load_causal_lm, load_value_model
 from miles.utils.types import RolloutBatch, Sample
@@ -33,14 +36,6 @@ Tensors = list[torch.Tensor]
 
 def _as_tensors(rows, dtype=torch.float32) -> Tensors:
     return [torch.tensor(row, dtype=dtype) for row in rows]
-
-
-def _sample_version(sample: Sample, rollout_id: int) -> int:
-    if len(set(sample.weight_versions)) != 1:
-        raise ValueError(
-            f"rollout {rollout_id}, sample {sample.index}: expected one weight version, got {sample.weight_versions}"
-        )
-    return sample.weight_versions[0]
 
 
 def run_optimizer_steps(
@@ -121,6 +116,16 @@ def _load_dir(root: str | None, role: str, fallback: str) -> str:
     return fallback if rollout_id is None else str(checkpoint.rollout_dir(root, rollout_id) / role)
 
 
+@dataclass
+class _PreparedRollout:
+    """What ``PolicyTrainer.prepare`` computed once for a rollout, before its first optimizer step."""
+
+    rollout_id: int
+    samples: list[Sample]
+    batch: dict
+    metrics: dict[str, float]
+
+
 class PolicyTrainer(_TrainProcess):
     role = "actor"
 
@@ -132,6 +137,10 @@ class PolicyTrainer(_TrainProcess):
         self.snapshots = WeightSnapshotStore() if args.keep_old_actor else None
         self.weight_version = 0  # pushes so far; version v is the v-th push (DESIGN.md §4)
         self.version_to_rollouts_trained: dict[int, int] = {}
+        self.pushed_fingerprints: dict[int, float] = {}
+        self.correction = off_policy.correction_in_effect(args.use_rollout_logprobs, args.use_tis, args.keep_old_actor)
+        self._prepared: _PreparedRollout | None = None
+        self._guard_s = 0.0
 
     @staticmethod
     def _load_ref_model(args):
@@ -154,14 +163,23 @@ class PolicyTrainer(_TrainProcess):
         return super().save(root, rollout_id, {"weight_version": self.weight_version, **(extra_state or {})})
 
     def export_weights(self, rollouts_trained: int) -> dict:
-        """Weights for the engines as the next version; with --keep-old-actor, also snapshot them."""
+        """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot."""
         self.weight_version += 1
         state_dict = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
         fingerprint = weights_fingerprint(state_dict)
         self.version_to_rollouts_trained[self.weight_version] = rollouts_trained
+        self.pushed_fingerprints[self.weight_version] = fingerprint
         if self.snapshots is not None:
             self.snapshots.add_pushed(self.weight_version, state_dict, fingerprint)
         return {"version": self.weight_version, "fingerprint": fingerprint, "state_dict": state_dict}
+
+    @contextlib.contextmanager
+    def _guard_time(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._guard_s += time.perf_counter() - start
 
     @torch.no_grad()
     def _forward_log_probs(self, model, samples: list[Sample]) -> Tensors:
@@ -172,31 +190,49 @@ class PolicyTrainer(_TrainProcess):
         finally:
             model.train(was_training)
 
-    def _recomputed_old_log_probs(self, rollout_id: int, samples: list[Sample], versions: list[int]) -> Tensors | None:
+    def _check_provenance(self, rollout_id: int, samples: list[Sample], expected_staleness: int) -> list[int]:
+        """The guard's checks that need no forward pass: versions, staleness, pushed fingerprints, engine log-probs."""
+        versions = off_policy.check_one_version_per_sample(rollout_id, [s.weight_versions for s in samples])
+        staleness = off_policy.sample_staleness(rollout_id, versions, self.version_to_rollouts_trained)
+        off_policy.check_staleness(rollout_id, staleness, expected_staleness, self.args.max_weight_staleness)
+        off_policy.check_engine_loaded_pushed_weights(
+            rollout_id, versions, [s.weight_fingerprint for s in samples], self.pushed_fingerprints
+        )
+        if self.args.use_rollout_logprobs or self.args.use_tis:
+            off_policy.check_rollout_log_probs(
+                rollout_id, [s.rollout_log_probs for s in samples], [s.response_length for s in samples]
+            )
+        return staleness
+
+    def _snapshot_log_probs(self, rollout_id: int, samples: list[Sample]) -> Tensors:
+        """--keep-old-actor: the denominator from the snapshot of the version that generated the rollout."""
+        version = samples[0].weight_versions[0]
+        with self._guard_time():
+            snapshot = self.snapshots.take_for_training(version, rollout_id)
+            # The fingerprint is recomputed from the snapshot's weights, so a wrong tensor under the right label fails.
+            snapshot_fingerprint = weights_fingerprint(snapshot.state_dict)
+            for sample_version, sample_fingerprint in {(s.weight_versions[0], s.weight_fingerprint) for s in samples}:
+                off_policy.check_snapshot_provenance(
+                    rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint
+                )
+            referenced = [version] + [v for v in self.pushed_fingerprints if v > version]
+            off_policy.check_snapshot_count(rollout_id, self.snapshots.versions(), referenced, limit=2)
+        live_state = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
+        self.model.load_state_dict(snapshot.state_dict)
+        try:
+            return self._forward_log_probs(self.model, samples)
+        finally:
+            self.model.load_state_dict(live_state)
+
+    def _recomputed_old_log_probs(self, rollout_id: int, samples: list[Sample]) -> Tensors | None:
         """The recompute pass: snapshot weights (--keep-old-actor), the current actor, or skipped."""
         if self.snapshots is not None:
-            snapshot = self.snapshots.take_for_training(max(versions), rollout_id)
-            if min(versions) != snapshot.version:
-                raise ValueError(f"rollout {rollout_id} mixes weight versions {sorted(set(versions))}")
-            live_state = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
-            self.model.load_state_dict(snapshot.state_dict)
-            try:
-                return self._forward_log_probs(self.model, samples)
-            finally:
-                self.model.load_state_dict(live_state)
+            return self._snapshot_log_probs(rollout_id, samples)
         if self.args.use_rollout_logprobs and not self.args.get_mismatch_metrics:
             return None  # the engine's log-probs are the denominator: no recompute pass
         return self._forward_log_probs(self.model, samples)
 
-    def train(self, rollout_id: int, rollout: RolloutBatch, values: Tensors | None = None) -> dict[str, float]:
-        start = time.perf_counter()
-        samples = rollout.samples
-        versions = [_sample_version(sample, rollout_id) for sample in samples]
-        staleness = [rollout_id - self.version_to_rollouts_trained[v] for v in versions]
-        loss_masks = _as_tensors(sample.loss_mask for sample in samples)
-        rollout_log_probs = _as_tensors(sample.rollout_log_probs for sample in samples)
-        old_log_probs = self._recomputed_old_log_probs(rollout_id, samples, versions)  # once, before any step
-        ref_log_probs = self._forward_log_probs(self.ref_model, samples) if self.ref_model is not None else None
+    def _advantages(self, samples: list[Sample], loss_masks, values, old_log_probs, rollout_log_probs, ref_log_probs):
         kl = None
         if self.args.kl_coef != 0:
             base = old_log_probs if old_log_probs is not None else rollout_log_probs
@@ -207,27 +243,73 @@ class PolicyTrainer(_TrainProcess):
             std_normalization=not self.args.disable_grpo_std_normalization,
             normalize=self.args.normalize_advantages, kl=kl, kl_coef=self.args.kl_coef,
         )
-        batch = {"loss_masks": loss_masks, "advantages": advantages, "old_log_probs": old_log_probs,
-                 "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs}
+        return advantages
+
+    def prepare(self, rollout_id: int, rollout: RolloutBatch, expected_staleness: int, values: Tensors | None = None):
+        """Guard the rollout and compute, once and before any optimizer step, its denominator and advantages.
+
+        Raises ``OffPolicyGuardError`` before any weight changes; returns the rollout's off-policy report.
+        """
+        self._guard_s = 0.0
+        samples = rollout.samples
+        with self._guard_time():
+            staleness = self._check_provenance(rollout_id, samples, expected_staleness)
+        loss_masks = _as_tensors(sample.loss_mask for sample in samples)
+        rollout_log_probs = _as_tensors(sample.rollout_log_probs for sample in samples)
+        old_log_probs = self._recomputed_old_log_probs(rollout_id, samples)
+        report = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": float(max(staleness)),
+                  "behavior_version": float(samples[0].weight_versions[0]), "correction": self.correction}
+        if old_log_probs is not None:
+            report.update(off_policy.denominator_vs_behavior(
+                old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
+        if self.snapshots is not None:
+            with self._guard_time():
+                off_policy.check_denominator_tolerance(
+                    rollout_id, report["denominator_behavior_abs_diff_max"], self.args.keep_old_actor_tol)
+            report["num_snapshots"] = float(len(self.snapshots))
+        ref_log_probs = self._forward_log_probs(self.ref_model, samples) if self.ref_model is not None else None
+        batch = {"loss_masks": loss_masks, "old_log_probs": old_log_probs, "rollout_log_probs": rollout_log_probs,
+                 "ref_log_probs": ref_log_probs,
+                 "advantages": self._advantages(samples, loss_masks, values, old_log_probs, rollout_log_probs,
+                                                ref_log_probs)}
+        metrics = {f"off_policy/{name}": value for name, value in report.items()}
+        metrics["perf/guard_s"] = self._guard_s
+        self._prepared = _PreparedRollout(rollout_id, samples, batch, metrics)
+        return metrics
+
+    def train(self, rollout_id: int, guard_report=None) -> dict[str, float]:
+        """The optimizer steps on the rollout ``prepare`` checked; also measures policy vs behavior at step one.
+
+        ``guard_report`` is ``prepare``'s result, passed so that Ray runs this only when the guard passed (a guard
+        error then reaches the driver as itself, not as a missing ``prepare``)."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared.rollout_id != rollout_id:
+            raise RuntimeError(f"train({rollout_id}) without prepare({rollout_id}) first")
+        start = time.perf_counter()
+        samples, batch = prepared.samples, prepared.batch
+        first_step = set(range(min(self.args.global_batch_size, len(samples))))
+        first_step_log_probs: dict[int, torch.Tensor] = {}
 
         def micro_batch_loss(indices: list[int], divisor: float):
             log_probs, entropy = response_log_probs(
                 self.model, [samples[i] for i in indices], self.args.rollout_temperature, with_entropy=True
             )
+            for i, lp in zip(indices, log_probs, strict=True):
+                if i in first_step and i not in first_step_log_probs:
+                    first_step_log_probs[i] = lp.detach()
             return policy_loss(self.loss_config, _select(batch, indices), log_probs, entropy, divisor)
 
         metrics = run_optimizer_steps(
-            self.model, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
+            self.model, self.optimizer, batch["loss_masks"], self.args.global_batch_size, self.args.micro_batch_size,
             self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
         )
         metrics = {f"train/{name}": value for name, value in metrics.items()}
-        metrics.update(_staleness_metrics(staleness, versions))
-        if old_log_probs is not None:
-            metrics["off_policy/old_rollout_abs_diff_max"] = max(
-                float((o - r).abs().max()) for o, r in zip(old_log_probs, rollout_log_probs, strict=True)
-            )
-        if self.snapshots is not None:
-            metrics["off_policy/num_snapshots"] = float(len(self.snapshots))
+        first = sorted(first_step_log_probs)
+        drift = off_policy.policy_vs_behavior(
+            [first_step_log_probs[i] for i in first], [batch["rollout_log_probs"][i] for i in first]
+        )
+        metrics.update({f"off_policy/{name}": value for name, value in drift.items()})
+        metrics.update(prepared.metrics)
         metrics["perf/train_s"] = time.perf_counter() - start
         metrics["perf/actor_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return metrics
@@ -235,14 +317,6 @@ class PolicyTrainer(_TrainProcess):
 
 def _select(batch: dict, indices: list[int]) -> dict:
     return {key: (None if rows is None else [rows[i] for i in indices]) for key, rows in batch.items()}
-
-
-def _staleness_metrics(staleness: list[int], versions: list[int]) -> dict[str, float]:
-    return {
-        "off_policy/staleness_mean": sum(staleness) / len(staleness),
-        "off_policy/staleness_max": float(max(staleness)),
-        "off_policy/behavior_version": float(max(versions)),
-    }
 
 
 class ValueTrainer(_TrainProcess):
@@ -267,7 +341,9 @@ class ValueTrainer(_TrainProcess):
         finally:
             self.model.train()
 
-    def train(self, rollout_id: int, rollout: RolloutBatch, old_values: Tensors) -> dict[str, float]:
+    def train(self, rollout_id: int, rollout: RolloutBatch, old_values: Tensors, actor_guard=None) -> dict[str, float]:
+        """One rollout's critic steps. ``actor_guard`` is the actor's ``prepare`` result, passed only so that Ray
+        starts this after the runtime guard passed: a guard failure then leaves the critic untouched too."""
         samples = rollout.samples
         loss_masks = _as_tensors(sample.loss_mask for sample in samples)
         _, returns = compute_advantages_and_returns(
