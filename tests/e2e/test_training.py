@@ -78,3 +78,18 @@ def test_reward_clearly_goes_up(make_args, estimator, extra):
     rewards = column(run_async(args), "rollout/reward_mean")
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last - first > 0.08, (first, last)
+
+
+def test_sync_loop_options_colocate_eval_critic_only_and_debug_exit(make_args):
+    records = run_sync(make_args("--advantage-estimator", "ppo", "--colocate", "--eval-interval", "2",
+                                 "--num-critic-only-steps", "1", "--debug-exit-after-rollout", "2"))
+    assert column(records, "rollout_id") == [0, 1, 2]  # stopped after rollout 2 of 4
+    assert "train/pg_loss" not in records[0] and "critic/value_loss" in records[0]  # critic-only first rollout
+    assert "train/pg_loss" in records[1]
+    assert [("eval/accuracy" in record) for record in records] == [False, True, False]
+
+
+def test_num_epoch_sets_the_number_of_rollouts(make_args):
+    # 80 embedded training prompts, 40 per rollout: one epoch is two rollouts.
+    records = run_sync(make_args("--num-epoch", "1", "--rollout-batch-size", "40", "--n-samples-per-prompt", "2"))
+    assert column(records, "rollout_id") == [0, 1]
