@@ -54,12 +54,15 @@ def check_async_colocation(args) -> None:
 def check_async_max_weight_staleness(args) -> None:
     """The async loop's worst case is --update-weights-interval rollouts of staleness (d(k) peaks at N)."""
     if args.max_weight_staleness is not None and args.update_weights_interval > args.max_weight_staleness:
+        fix = (
+            f"Pass --update-weights-interval {args.max_weight_staleness} or less."
+            if args.max_weight_staleness >= 1
+            else "Train synchronously with train.py (never stale), or allow at least 1."
+        )
         raise MilesConfigError(
             f"--max-weight-staleness {args.max_weight_staleness} cannot hold: train_async.py with "
             f"--update-weights-interval {args.update_weights_interval} trains on data up to "
-            f"{args.update_weights_interval} rollouts stale. Pass --update-weights-interval "
-            f"{max(args.max_weight_staleness, 1)} or less"
-            + (", or train synchronously with train.py." if args.max_weight_staleness < 1 else ".")
+            f"{args.update_weights_interval} rollouts stale. {fix}"
         )
 
 
@@ -252,6 +255,11 @@ def _check_guard_settings(args) -> None:
             f"--keep-old-actor-tol is {args.keep_old_actor_tol}, but it must be > 0. Pass e.g. 1e-4 (torch engine)."
         )
     if args.max_weight_staleness is not None and args.max_weight_staleness < 0:
-        raise MilesConfigError(f"--max-weight-staleness is {args.max_weight_staleness}, but it must be >= 0.")
+        raise MilesConfigError(
+            f"--max-weight-staleness is {args.max_weight_staleness}, but it must be >= 0. Pass a number of rollouts, "
+            "e.g. 1, or leave it unset."
+        )
     if args.max_behavior_kl is not None and not args.max_behavior_kl > 0:
-        raise MilesConfigError(f"--max-behavior-kl is {args.max_behavior_kl}, but it must be > 0.")
+        raise MilesConfigError(
+            f"--max-behavior-kl is {args.max_behavior_kl}, but it must be > 0. Pass e.g. 0.1, or leave it unset."
+        )

@@ -81,10 +81,10 @@ def check_engine_loaded_pushed_weights(
 ) -> None:
     """The fingerprint each engine computed from the weights it loaded equals the one recorded at that push."""
     for index, (version, fingerprint) in enumerate(zip(versions, fingerprints, strict=True)):
-        if fingerprint != pushed[version]:
+        if fingerprint != pushed.get(version):
             raise OffPolicyGuardError(
                 f"rollout {rollout_id}, sample {index}: the engine stamped weight version {version} with fingerprint "
-                f"{fingerprint!r}, but the trainer pushed version {version} with fingerprint {pushed[version]!r}: the "
+                f"{fingerprint!r}, but the trainer pushed version {version} with fingerprint {pushed.get(version)!r}: the "
                 f"engine did not generate with the weights that were pushed. {REPORT_BUG}"
             )
 
