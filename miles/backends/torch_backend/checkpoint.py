@@ -39,13 +39,28 @@ def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict,
         if tokenizer_source is not None:
             _copy_tokenizer_files(Path(tokenizer_source), staging)
         torch.save(trainer_state, staging / TRAINER_STATE_FILE)
-        if final.exists():  # re-saving the same rollout (e.g. the final save after an interval save)
-            shutil.rmtree(final)
-        os.replace(staging, final)
+        _move_into_place(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return final
+
+
+def _move_into_place(staging: Path, final: Path) -> None:
+    """Rename ``staging`` to ``final``. An existing ``final`` (the same rollout saved again) is moved aside first and
+    restored if the rename fails, so the folder the latest marker names is never deleted before its replacement is
+    in place."""
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    backup = final.with_name(f".{final.name}.old-{os.getpid()}")
+    os.replace(final, backup)
+    try:
+        os.replace(staging, final)
+    except BaseException:
+        os.replace(backup, final)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
 
 
 def mark_latest(root: str, rollout_id: int) -> None:

@@ -1,0 +1,247 @@
+"""The train actor without Ray: ``run_optimizer_steps`` against optimizer steps written out by hand on a toy
+linear model, and ``PolicyTrainer`` in-process on the embedded default with a real ``TorchRolloutEngine``."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from miles.backends.torch_backend.trainer import PolicyTrainer, run_optimizer_steps
+from miles.rollout.embedded import EmbeddedPaths, ensure_embedded_default
+from miles.rollout.engine import TorchRolloutEngine
+from miles.utils.arguments import parse_args
+from miles.utils.types import RolloutBatch
+
+LR = 0.1
+
+# ---------------------------------------------------------------------------------------------------------------
+# run_optimizer_steps on a toy problem: sample i has L_i tokens with features x (L_i, 3), targets y (L_i,) and a
+# loss mask; the per-token loss is (w·x + b − y)². Per sample it is reduced as a masked token mean (or, per token,
+# a masked token sum); the step's loss divides by the step's samples (or unmasked tokens).
+# ---------------------------------------------------------------------------------------------------------------
+
+TOKEN_COUNTS = [3, 1, 4, 2, 5, 2, 3, 1]
+
+
+def _toy_data():
+    generator = torch.Generator().manual_seed(0)
+    features = [torch.randn(n, 3, generator=generator) for n in TOKEN_COUNTS]  # (L_i, 3) each
+    targets = [torch.randn(n, generator=generator) for n in TOKEN_COUNTS]  # (L_i,) each
+    masks = [torch.tensor([1] * (n - 1) + [n % 2]) for n in TOKEN_COUNTS]  # some last tokens masked out
+    return features, targets, masks
+
+
+def _toy_model() -> torch.nn.Linear:
+    torch.manual_seed(3)
+    return torch.nn.Linear(3, 1)
+
+
+def _sample_losses(model, features, targets, masks, indices, per_token: bool) -> list[torch.Tensor]:
+    losses = []
+    for i in indices:
+        token_losses = (model(features[i]).squeeze(-1) - targets[i]) ** 2 * masks[i]  # (L_i,)
+        total = token_losses.sum()
+        losses.append(total if per_token else total / masks[i].sum().clamp(min=1))
+    return losses
+
+
+def _run(micro_batch_size: int, global_batch_size: int, per_token: bool, clip_grad: float = 1e9):
+    features, targets, masks = _toy_data()
+    model = _toy_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    steps = []
+    original_step = optimizer.step
+    optimizer.step = lambda: (steps.append(1), original_step())[1]
+
+    def micro_batch_loss(indices, divisor):
+        losses = _sample_losses(model, features, targets, masks, indices, per_token)
+        metrics = {"sample_loss": float(torch.stack(losses).detach().mean()), "index": sum(indices) / len(indices)}
+        return torch.stack(losses).sum() / divisor, metrics
+
+    metrics = run_optimizer_steps(model, optimizer, masks, global_batch_size, micro_batch_size, per_token, clip_grad,
+                                  micro_batch_loss)
+    return model, metrics, len(steps)
+
+
+def _reference_steps(global_batch_size: int, per_token: bool, clip_grad: float = 1e9):
+    """Plain SGD on whole global batches, the divisor counted here, gradient clipping written out."""
+    features, targets, masks = _toy_data()
+    model = _toy_model()
+    grad_norms = []
+    for start in range(0, len(TOKEN_COUNTS), global_batch_size):
+        indices = range(start, min(start + global_batch_size, len(TOKEN_COUNTS)))
+        divisor = sum(int(masks[i].sum()) for i in indices) if per_token else len(indices)
+        model.zero_grad()
+        (sum(_sample_losses(model, features, targets, masks, indices, per_token)) / divisor).backward()
+        grads = [p.grad for p in model.parameters()]
+        norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
+        scale = min(1.0, clip_grad / (norm + 1e-6))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * scale * p.grad
+        grad_norms.append(norm)
+    return model, grad_norms
+
+
+def _assert_same_parameters(actual: torch.nn.Module, expected: torch.nn.Module) -> None:
+    for a, e in zip(actual.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("micro_batch_size", [1, 3, 8])
+def test_one_step_does_not_depend_on_micro_batching(micro_batch_size, per_token):
+    model, metrics, num_steps = _run(micro_batch_size, global_batch_size=8, per_token=per_token)
+    expected, grad_norms = _reference_steps(global_batch_size=8, per_token=per_token)
+    assert num_steps == 1
+    _assert_same_parameters(model, expected)
+    assert metrics["grad_norm"] == pytest.approx(grad_norms[0], rel=1e-5)
+    assert not torch.allclose(model.weight, _toy_model().weight)  # the step moved the parameters
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 3, 4])
+def test_two_global_batches_make_two_steps(micro_batch_size):
+    model, metrics, num_steps = _run(micro_batch_size, global_batch_size=4, per_token=False)
+    expected, grad_norms = _reference_steps(global_batch_size=4, per_token=False)
+    assert num_steps == 2
+    _assert_same_parameters(model, expected)
+    assert metrics["grad_norm"] == pytest.approx(sum(grad_norms) / 2, rel=1e-5)
+
+
+def test_gradient_clipping_scales_the_step():
+    model, metrics, _ = _run(micro_batch_size=3, global_batch_size=8, per_token=False, clip_grad=0.05)
+    expected, grad_norms = _reference_steps(global_batch_size=8, per_token=False, clip_grad=0.05)
+    assert grad_norms[0] > 0.05  # the clip acts
+    _assert_same_parameters(model, expected)
+    assert metrics["grad_norm"] == pytest.approx(grad_norms[0], rel=1e-5)  # reported before clipping
+
+
+@pytest.mark.parametrize(("micro_batch_size", "global_batch_size"), [(3, 8), (3, 4), (5, 8), (1, 8)])
+def test_metrics_are_sample_weighted_means(micro_batch_size, global_batch_size):
+    _, metrics, _ = _run(micro_batch_size, global_batch_size, per_token=False)
+    # Each micro-batch reports the mean index of its samples; weighted by size, that is the mean of 0..7 = 3.5.
+    # An unweighted mean of micro-batch means would give e.g. (1 + 4 + 6.5) / 3 for micro-batches of 3, 3, 2.
+    assert metrics["index"] == pytest.approx(3.5)
+    features, targets, masks = _toy_data()
+    with torch.no_grad():
+        initial = _sample_losses(_toy_model(), features, targets, masks, range(8), per_token=False)
+    if global_batch_size == 8:  # one step: every micro-batch's loss is taken at the initial parameters
+        assert metrics["sample_loss"] == pytest.approx(float(torch.stack(initial).mean()), rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PolicyTrainer in-process on the embedded default.
+# ---------------------------------------------------------------------------------------------------------------
+
+NUM_PROMPTS, SAMPLES_PER_PROMPT, TEMPERATURE = 4, 4, 0.9
+
+
+@pytest.fixture(scope="session")
+def embedded(tmp_path_factory) -> EmbeddedPaths:
+    return ensure_embedded_default(str(tmp_path_factory.mktemp("miles-cache")))
+
+
+@pytest.fixture
+def restore_torch_threads():
+    """The trainer pins this process's torch threads; give the other tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _policy_trainer(embedded: EmbeddedPaths, *flags: str) -> PolicyTrainer:
+    args = parse_args(argv=[
+        "--advantage-estimator", "grpo", "--rollout-batch-size", str(NUM_PROMPTS),
+        "--n-samples-per-prompt", str(SAMPLES_PER_PROMPT), "--micro-batch-size", "8",
+        "--rollout-temperature", str(TEMPERATURE), "--lr", "1e-2", *flags,
+    ])
+    args.hf_checkpoint = embedded.checkpoint_dir
+    return PolicyTrainer(args, num_threads=1)
+
+
+def _rollout(embedded: EmbeddedPaths, engine: TorchRolloutEngine, rollout_id: int) -> RolloutBatch:
+    prompts = [json.loads(line) for line in Path(embedded.train_jsonl).read_text().splitlines()[:NUM_PROMPTS]]
+    samples = engine.generate(prompts, SAMPLES_PER_PROMPT, TEMPERATURE, max_response_len=3, seed=rollout_id)
+    for sample in samples:  # rewards that differ within every group, so GRPO's advantages are not all zero
+        sample.reward = float(sample.index % 2)
+    return RolloutBatch(rollout_id, samples)
+
+
+def _engine_with(embedded: EmbeddedPaths, payload: dict) -> TorchRolloutEngine:
+    engine = TorchRolloutEngine(embedded.checkpoint_dir, seed=0, num_threads=1)
+    engine.load_weights(payload["state_dict"], payload["version"])
+    return engine
+
+
+def _train(trainer: PolicyTrainer, rollout_id: int, rollout: RolloutBatch, expected_staleness: int) -> dict:
+    """What the driver does per rollout: the guard and denominator (``prepare``), then the optimizer steps."""
+    guard_report = trainer.prepare(rollout_id, rollout, expected_staleness)
+    return trainer.train(rollout_id, guard_report)
+
+
+def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return copy.deepcopy(trainer.model.state_dict())
+
+
+def _max_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    return max(float((before[name] - after[name]).abs().max()) for name in before)
+
+
+@pytest.mark.usefixtures("restore_torch_threads")
+def test_keep_old_actor_denominator_matches_the_engine_that_generated_the_rollout(embedded):
+    trainer = _policy_trainer(embedded, "--keep-old-actor")
+    trainer.init()
+    engine = _engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    first, second = _rollout(embedded, engine, 0), _rollout(embedded, engine, 1)  # 1 is in flight, as in the loop
+
+    before = _weights(trainer)
+    metrics = _train(trainer, 0, first, expected_staleness=0)
+    assert metrics["off_policy/denominator_behavior_abs_diff_max"] <= 1e-4
+    assert metrics["off_policy/staleness_max"] == 0
+    assert _max_change(before, _weights(trainer)) > 1e-4  # the optimizer step moved the weights
+
+    # The async order with interval 1: push W_1 as version 2 after training rollout 0. Rollout 1 was generated by
+    # W_0 (version 1) and is trained by W_1: the snapshot, not the current actor, must be the denominator.
+    trainer.export_weights(rollouts_trained=1)
+    after_first = _weights(trainer)
+    metrics = _train(trainer, 1, second, expected_staleness=1)
+    assert metrics["off_policy/staleness_max"] == 1
+    assert metrics["off_policy/behavior_version"] == 1
+    assert metrics["off_policy/num_snapshots"] == 2  # version 1 (being trained) and version 2 (on the engines)
+    assert metrics["off_policy/denominator_behavior_abs_diff_max"] <= 1e-4
+    assert metrics["off_policy/policy_behavior_abs_diff"] > 1e-3  # the current actor has drifted from W_0
+    assert _max_change(after_first, _weights(trainer)) > 1e-4
+
+
+@pytest.mark.usefixtures("restore_torch_threads")
+def test_snapshot_forward_leaves_the_live_weights_in_place(embedded):
+    trainer = _policy_trainer(embedded, "--keep-old-actor")
+    trainer.init()
+    engine = _engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    rollouts = [_rollout(embedded, engine, 0), _rollout(embedded, engine, 1)]
+    _train(trainer, 0, rollouts[0], expected_staleness=0)
+    live = _weights(trainer)
+    trainer.prepare(1, rollouts[1], expected_staleness=1)  # loads the W_0 snapshot for the denominator
+    assert _max_change(live, _weights(trainer)) == 0.0
+
+
+@pytest.mark.usefixtures("restore_torch_threads")
+@pytest.mark.parametrize(
+    ("flags", "expected_passes"),
+    [(["--use-rollout-logprobs"], 0), (["--use-rollout-logprobs", "--get-mismatch-metrics"], 1), ([], 1)],
+    ids=["rollout-logprobs", "rollout-logprobs+mismatch-metrics", "no-correction"],
+)
+def test_recompute_pass_runs_only_when_needed(embedded, monkeypatch, flags, expected_passes):
+    trainer = _policy_trainer(embedded, *flags)
+    trainer.init()
+    engine = _engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    calls = []
+    original = trainer._forward_log_probs
+    monkeypatch.setattr(trainer, "_forward_log_probs", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    before = _weights(trainer)
+    metrics = _train(trainer, 0, _rollout(embedded, engine, 0), expected_staleness=0)
+    assert len(calls) == expected_passes
+    assert ("off_policy/denominator_behavior_abs_diff_max" in metrics) == (expected_passes == 1)
+    assert _max_change(before, _weights(trainer)) > 1e-4

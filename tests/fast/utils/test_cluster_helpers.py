@@ -1,0 +1,59 @@
+"""Small helpers of the Ray layer that need no cluster: bundle counting, per-engine rollout seeds, prompt splits."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles.ray.cluster import count_bundles
+from miles.ray.rollout_manager import _split, rollout_seed
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    ("num_engines", "use_critic", "colocate", "expected"),
+    [
+        (1, False, False, 2),  # engine + actor
+        (2, False, False, 3),
+        (2, True, False, 4),  # engines + actor + critic
+        (3, True, True, 2),  # colocated engines share the actor's bundle
+        (4, False, True, 1),
+    ],
+)
+def test_count_bundles(num_engines, use_critic, colocate, expected):
+    assert count_bundles(num_engines, use_critic, colocate) == expected
+
+
+def test_rollout_seed_differs_per_rollout_engine_and_base_seed():
+    seeds = {
+        (base, rollout, engine): rollout_seed(base, rollout, engine)
+        for base in (0, 1, 12) for rollout in range(40) for engine in range(4)
+    }
+    assert len(set(seeds.values())) == len(seeds)
+    assert rollout_seed(1, 23, 4) != rollout_seed(12, 3, 4)  # digits do not run together
+    assert all(0 <= seed < 2**63 for seed in seeds.values())  # a valid torch.Generator seed
+
+
+def test_rollout_seed_is_deterministic_across_processes():
+    """A rollout is reproducible from its id: no per-process randomness such as Python's salted ``hash``."""
+    code = "from miles.ray.rollout_manager import rollout_seed; print(rollout_seed(7, 3, 1), rollout_seed(0, 0, 0))"
+    other_hash_seed = str(int(os.environ.get("PYTHONHASHSEED") or 0) + 1)  # differs from this process's salt
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONHASHSEED": other_hash_seed, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert result.stdout.split() == [str(rollout_seed(7, 3, 1)), str(rollout_seed(0, 0, 0))]
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("num_items", [0, 1, 5, 6, 16, 17])
+def test_split_is_contiguous_nearly_equal_and_keeps_order(num_items, parts):
+    items = [f"prompt-{i}" for i in range(num_items)]
+    shares = _split(items, parts)
+    assert len(shares) == parts
+    assert [item for share in shares for item in share] == items  # contiguous and in order, nothing lost
+    sizes = [len(share) for share in shares]
+    assert max(sizes) - min(sizes) <= 1
