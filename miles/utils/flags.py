@@ -34,53 +34,6 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         default="grpo",
         help="Advantage estimator. 'ppo' trains a critic (GAE); the others are critic-free. (default: %(default)s)",
     )
-    group.add_argument(
-        "--use-rollout-logprobs",
-        action="store_true",
-        help="Behavior-policy correction: use the rollout engine's log-probs as the PPO ratio denominator "
-        "(skips the recompute pass). Excludes --use-tis.",
-    )
-    group.add_argument(
-        "--use-tis",
-        action="store_true",
-        help="Behavior-policy correction: truncated importance sampling, re-weighting the per-token loss by "
-        "clamp(pi_old/pi_rollout, --tis-clip-low, --tis-clip).",
-    )
-    group.add_argument("--tis-clip", type=float, default=2.0, help="Upper bound of the TIS weight. (default: %(default)s)")
-    group.add_argument("--tis-clip-low", type=float, default=0.0, help="Lower bound of the TIS weight. (default: %(default)s)")
-    group.add_argument(
-        "--get-mismatch-metrics",
-        action="store_true",
-        help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",
-    )
-    group.add_argument(
-        "--keep-old-actor",
-        action="store_true",
-        help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
-        "engines used (a snapshot per pushed weight version).",
-    )
-    group.add_argument(
-        "--keep-old-actor-tol",
-        type=float,
-        default=1e-4,
-        help="Runtime guard: largest allowed |old - rollout| log-prob per token under --keep-old-actor (tight for "
-        "the torch engine in fp32, which agrees to ~1e-6; raise it for engines that are not bit-compatible). "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--max-weight-staleness",
-        type=int,
-        default=None,
-        help="Reject a launch (and stop a run) whose data is more than K rollouts stale. Counts rollouts trained "
-        "between generation and training, unlike upstream's fully-async sample filter. (default: off)",
-    )
-    group.add_argument(
-        "--max-behavior-kl",
-        type=float,
-        default=None,
-        help="Stop the run (after saving) when KL(behavior || current policy) at the first optimizer step of a "
-        "rollout exceeds this. (default: off)",
-    )
     group.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range, low side. (default: %(default)s)")
     group.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip range, high side. (default: --eps-clip)")
     group.add_argument(
@@ -130,6 +83,58 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--ref-load", default=None, help="Reference model folder for the KL terms. (default: --hf-checkpoint)"
+    )
+
+
+def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The behavior-policy corrections (docs/async_off_policy_contract.md) and the runtime guard's bounds."""
+    group = parser.add_argument_group("off-policy correction and runtime guard")
+    group.add_argument(
+        "--use-rollout-logprobs",
+        action="store_true",
+        help="Behavior-policy correction: use the rollout engine's log-probs as the PPO ratio denominator "
+        "(skips the recompute pass). Excludes --use-tis.",
+    )
+    group.add_argument(
+        "--use-tis",
+        action="store_true",
+        help="Behavior-policy correction: truncated importance sampling, re-weighting the per-token loss by "
+        "clamp(pi_old/pi_rollout, --tis-clip-low, --tis-clip).",
+    )
+    group.add_argument("--tis-clip", type=float, default=2.0, help="Upper bound of the TIS weight. (default: %(default)s)")
+    group.add_argument("--tis-clip-low", type=float, default=0.0, help="Lower bound of the TIS weight. (default: %(default)s)")
+    group.add_argument(
+        "--get-mismatch-metrics",
+        action="store_true",
+        help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",
+    )
+    group.add_argument(
+        "--keep-old-actor",
+        action="store_true",
+        help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
+        "engines used (a snapshot per pushed weight version).",
+    )
+    group.add_argument(
+        "--keep-old-actor-tol",
+        type=float,
+        default=1e-4,
+        help="Runtime guard: largest allowed |old - rollout| log-prob per token under --keep-old-actor (tight for "
+        "the torch engine in fp32, which agrees to ~1e-6; raise it for engines that are not bit-compatible). "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-weight-staleness",
+        type=int,
+        default=None,
+        help="Reject a launch (and stop a run) whose data is more than K rollouts stale. Counts rollouts trained "
+        "between generation and training, unlike upstream's fully-async sample filter. (default: off)",
+    )
+    group.add_argument(
+        "--max-behavior-kl",
+        type=float,
+        default=None,
+        help="Stop the run (after saving) when KL(behavior || current policy) at the first optimizer step of a "
+        "rollout exceeds this. (default: off)",
     )
 
 
