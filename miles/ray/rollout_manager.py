@@ -49,9 +49,6 @@ class RolloutManager:
         self.weight_version = 0
         self.last_push_s = 0.0  # engines' load time of the latest push, reported with the next rollout
 
-    def num_prompts(self) -> int:
-        return len(self.data_source)
-
     def load_weights(self, payload: dict) -> list[float]:
         """Load ``{"version", "fingerprint", "state_dict"}`` into every engine; return their loaded fingerprints."""
         start = time.perf_counter()

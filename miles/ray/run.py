@@ -53,13 +53,18 @@ def resolve_run_paths(args, driver: str) -> None:
         logger.info("derived log_dir = %s", args.log_dir)
 
 
-def preflight(args) -> None:
-    """Fail on bad input in this process, before Ray starts or anything is written (each raises MilesConfigError)."""
+def preflight(args) -> int:
+    """Fail on bad input in this process, before Ray starts or anything is written (each raises MilesConfigError).
+
+    Returns the number of training prompts.
+    """
     check_hf_checkpoint(args.hf_checkpoint)
-    for path in (args.prompt_data, args.eval_prompt_data):
-        if path is not None:
-            PromptDataSource(load_prompt_data(path, args.input_key, args.label_key), args.rollout_batch_size, False, 0)
+    prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
+    PromptDataSource(prompts, args.rollout_batch_size, False, 0)  # rejects a file without prompts
+    if args.eval_prompt_data is not None:
+        PromptDataSource(load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key), 1, False, 0)
     get_reward_fn(args.rm_type, args.custom_rm_path)
+    return len(prompts)
 
 
 @dataclass
@@ -157,13 +162,14 @@ def _create_trainers(args, placement: Placement):
 def _derive_num_rollout(args, num_prompts: int) -> None:
     if args.num_epoch is not None:
         args.num_rollout = math.ceil(args.num_epoch * num_prompts / args.rollout_batch_size)
-        logger.info("derived num_rollout = %d (from --num-epoch %d over %d prompts)", args.num_rollout, args.num_epoch, num_prompts)
+        logger.info("derived num_rollout = %d (from --num-epoch %d over %d prompts)",
+                    args.num_rollout, args.num_epoch, num_prompts)
 
 
 @contextlib.contextmanager
 def training_run(args, driver: str):
     resolve_run_paths(args, driver)
-    preflight(args)
+    _derive_num_rollout(args, num_prompts=preflight(args))
     num_bundles = count_bundles(args.rollout_num_engines, args.use_critic, args.colocate)
     with ray_session(args.ray_address, num_cpus=num_bundles):
         placement = create_placement(args.rollout_num_engines, args.use_critic, args.colocate, args.ray_placement_timeout)
@@ -173,7 +179,6 @@ def training_run(args, driver: str):
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
-            _derive_num_rollout(args, ray.get(rollout_manager.num_prompts.remote()))
             ray.get(rollout_manager.load_weights.remote(actor.export_weights.remote(start_rollout_id)))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:

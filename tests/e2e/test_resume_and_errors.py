@@ -42,7 +42,7 @@ def test_resume_continues_rollouts_versions_weights_and_optimizer(make_args, tmp
     resolve_run_paths(args, "test")
     probe = ray.remote(PolicyTrainer).options(num_cpus=1).remote(args, 1)
     assert ray.get(probe.init.remote()) == 3
-    loaded = ray.get(probe.state_for_test.remote())
+    loaded = ray.get(probe.model_and_optimizer_state.remote())
     ray.kill(probe)
     for name, tensor in saved_weights.items():
         assert torch.equal(loaded["model"][name], tensor), name

@@ -105,8 +105,8 @@ class _TrainProcess:
         random.setstate(state["python_rng"])
         return state
 
-    def state_for_test(self) -> dict:
-        """Weights and optimizer state as plain tensors (resume tests compare them)."""
+    def model_and_optimizer_state(self) -> dict:
+        """Copies of the weights and the optimizer state (to inspect a loaded or trained process)."""
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict()}
 
