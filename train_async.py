@@ -32,7 +32,7 @@ async def train(args) -> None:
     from miles.utils.off_policy import expected_staleness
 
     with training_run(args, driver="train_async") as run:
-        next_rollout = run.generate(run.start_rollout_id)
+        next_rollout, push = run.generate(run.start_rollout_id), None
         for rollout_id in run.rollout_ids():
             rollout_ref, rollout_metrics_ref = next_rollout
             # Start the next rollout before training on this one: the overlap that makes the data stale.
@@ -42,10 +42,14 @@ async def train(args) -> None:
             if (rollout_id + 1) % args.update_weights_interval == 0:
                 if next_rollout is not None:
                     await next_rollout[1]  # drain: no weight push lands in the middle of a generation
-                await run.update_weights(rollouts_trained=rollout_id + 1)
+                await run.settled(push)
+                # Not awaited: Ray runs one caller's calls to an actor in order, so the engines load these weights
+                # before the next generation, and the actor exports them before its next rollout.
+                push = run.update_weights(rollouts_trained=rollout_id + 1)
             run.finish_rollout(rollout_id, [await rollout_metrics_ref, *train_metrics])
             if run.should_stop(rollout_id):
                 break
+        await run.settled(push)
 
 
 if __name__ == "__main__":

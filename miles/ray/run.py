@@ -90,6 +90,12 @@ class TrainingRun:
         """Block until the referenced results are ready and return them (the sync driver's ``await``)."""
         return ray.get(refs)
 
+    @staticmethod
+    async def settled(ref) -> None:
+        """Await an earlier call that nothing else waits for (a push), so its failure surfaces here."""
+        if ref is not None:
+            await ref
+
     def rollout_ids(self) -> range:
         return range(self.start_rollout_id, self.args.num_rollout)
 

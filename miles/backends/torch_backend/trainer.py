@@ -250,7 +250,7 @@ class PolicyTrainer(_TrainProcess):
 
         Raises ``OffPolicyGuardError`` before any weight changes; returns the rollout's off-policy report.
         """
-        self._guard_s = 0.0
+        start, self._guard_s = time.perf_counter(), 0.0
         samples = rollout.samples
         with self._guard_time():
             staleness = self._check_provenance(rollout_id, samples, expected_staleness)
@@ -274,6 +274,7 @@ class PolicyTrainer(_TrainProcess):
                                                 ref_log_probs)}
         metrics = {f"off_policy/{name}": value for name, value in report.items()}
         metrics["perf/guard_s"] = self._guard_s
+        metrics["perf/prepare_s"] = time.perf_counter() - start
         self._prepared = _PreparedRollout(rollout_id, samples, batch, metrics)
         return metrics
 

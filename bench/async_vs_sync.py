@@ -1,0 +1,280 @@
+"""Async vs sync training on the embedded default: how much of the possible overlap the async loop achieves.
+
+In one process and one Ray session it runs the same configuration (the default: GRPO on the embedded model and
+task) with ``train.train(args)`` and with ``train_async.train(args)``, reads both runs'
+``metrics.jsonl`` and Ray's task timeline, leaves out the first ``--warmup`` rollouts, and prints:
+
+- G: generation time per rollout, the median ``perf/generate_s`` (RolloutManager.generate) of the sync runs;
+- T: training time per rollout, the median time the actor works on a rollout in the sync runs: ``prepare``
+  (runtime guard, ratio denominator, advantages) plus ``train`` (the optimizer steps), read from Ray's task
+  timeline, because ``perf/train_s`` times only the second part (it is printed too);
+- the sync and async wall time per rollout: the median gap between consecutive rollouts' ``time`` stamps;
+- the overlap limit L = (G + T) / max(G, T): the speed-up of a loop that overlaps generation and training
+  perfectly and has no other per-rollout cost;
+- the achieved speed-up R = sync wall / async wall, its share of the limit R / L (goal >= 85 %), and the share of
+  the possible gain (R - 1) / (L - 1). The first share is what the goal is stated in, but it is at least 1 / L
+  even with no overlap at all (R = 1), so when G is much smaller than T the second one says more;
+- a per-rollout profile of both runs from Ray's task timeline: how long each remote call takes, how long the
+  actor works, and how long it waits (wall - work: the weight push, the driver's awaits, Ray's call overhead).
+
+The last line is the result, e.g. ``async/sync speed-up 1.42x = 91% of the 1.56x overlap limit``.
+
+Run-to-run noise on a small machine is about 10 %, as large as the effect measured, so by default it runs two
+pairs in the order sync, async, async, sync (``--repeats``) and pools their rollouts, after a short untimed
+warm-up run (the first run in a fresh Ray session is slower). Each run prints the load average, so a machine
+shared with other work shows.
+
+Usage: python bench/async_vs_sync.py [--num-rollout 60] [--warmup 5] [--repeats 2] [--keep-logs] [-- flags...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GOAL_SHARE = 0.85
+GENERATE_KEY = "perf/generate_s"
+TRAIN_KEY = "perf/train_s"
+PUSH_KEY = "perf/last_push_s"
+ACTOR_WORK = ("PolicyTrainer.prepare", "PolicyTrainer.train", "PolicyTrainer.export_weights")
+PROFILED_CALLS = (
+    "RolloutManager.generate", "TorchRolloutEngine.generate", *ACTOR_WORK,
+    "RolloutManager.load_weights", "TorchRolloutEngine.load_weights",
+)
+MS = 1e3
+
+
+def steady_records(records: list[dict], warmup: int) -> list[dict]:
+    """The records after the first ``warmup`` (records sorted by rollout id); at least two, so one gap is timed."""
+    if len(records) < warmup + 2:
+        raise ValueError(f"{len(records)} rollouts leave no gap between two rollouts after a warm-up of {warmup}; "
+                         "run at least warmup + 2 rollouts")
+    return records[warmup:]
+
+
+def median_metric(runs: list[list[dict]], key: str, warmup: int) -> float:
+    """Median of ``record[key]`` over the steady records of every run in ``runs`` (pooled)."""
+    values = [record[key] for records in runs for record in steady_records(records, warmup)
+              if record.get(key) is not None]
+    if not values:
+        raise ValueError(f"no values of {key!r} after the first {warmup} rollouts; run more rollouts "
+                         "(--num-rollout) or fewer warm-up rollouts (--warmup)")
+    return statistics.median(values)
+
+
+def wall_per_rollout(runs: list[list[dict]], warmup: int) -> float:
+    """Median of time[k] - time[k-1] over consecutive rollouts k > warmup of every run: seconds per rollout.
+
+    The first gap counted ends at rollout warmup + 1, so no gap includes start-up work (actors, the first push).
+    """
+    gaps = []
+    for records in runs:
+        times = [record["time"] for record in steady_records(records, warmup)]
+        gaps += [later - earlier for earlier, later in itertools.pairwise(times)]
+    return statistics.median(gaps)
+
+
+def overlap_limit(generate_s: float, train_s: float) -> float:
+    """L = (G + T) / max(G, T): sync pays G + T per rollout, a perfect overlap pays only the longer of the two."""
+    return (generate_s + train_s) / max(generate_s, train_s)
+
+
+def share_of_gain(ratio: float, limit: float) -> float:
+    """(R - 1) / (L - 1): the part of the possible saving the async loop realizes (0 = none, 1 = all)."""
+    return (ratio - 1.0) / (limit - 1.0)
+
+
+def speedup_line(sync_wall_s: float, async_wall_s: float, limit: float) -> str:
+    """``async/sync speed-up Rx = S% of the Lx overlap limit`` with R = sync / async wall time and S = R / L."""
+    ratio = sync_wall_s / async_wall_s
+    return f"async/sync speed-up {ratio:.2f}x = {ratio / limit:.0%} of the {limit:.2f}x overlap limit"
+
+
+def call_durations(events: list[dict], windows: list[tuple[float, float]]) -> dict[str, list[float]]:
+    """Seconds each remote call took, by ``Class.method``, for the calls that started inside one of ``windows``
+    ((start, end) unix seconds, end excluded).
+
+    ``events`` is ``ray.timeline()``: Chrome-trace dicts whose ``cat`` is ``task::Class.method`` for a task's
+    execution, with ``ts`` (start) and ``dur`` in microseconds since the epoch.
+    """
+    durations: dict[str, list[float]] = {}
+    for event in events:
+        category = str(event.get("cat", ""))
+        inside = any(start * 1e6 <= event.get("ts", -1.0) < end * 1e6 for start, end in windows)
+        if category.startswith("task::") and inside:
+            durations.setdefault(category.removeprefix("task::"), []).append(event["dur"] / 1e6)
+    return durations
+
+
+def call_medians(events: list[dict], runs: list[list[dict]], warmup: int) -> dict[str, float]:
+    """Median seconds of each remote call (by ``Class.method``) over the timed rollouts of ``runs``, pooled."""
+    windows = [(steady[0]["time"], steady[-1]["time"]) for steady in (steady_records(r, warmup) for r in runs)]
+    return {name: statistics.median(durations) for name, durations in call_durations(events, windows).items()}
+
+
+def profile_runs(events: list[dict], runs: list[list[dict]], warmup: int, calls: tuple[str, ...],
+                 actor_work: tuple[str, ...]) -> dict[str, float]:
+    """Seconds per rollout over the runs' timed rollouts: each call's median duration, the actor's work (the sum
+    of the ``actor_work`` calls' medians), the median wall time, and the actor's wait: wall - work."""
+    medians = call_medians(events, runs, warmup)
+    missing = [name for name in calls if name not in medians]
+    if missing:
+        raise ValueError(f"Ray's task timeline has no {missing} calls in the timed rollouts; the runs did not use "
+                         "the remote classes this benchmark profiles")
+    profile = {name: medians[name] for name in calls}
+    profile["actor work"] = sum(profile[name] for name in actor_work)
+    profile["wall"] = wall_per_rollout(runs, warmup)
+    profile["actor waits (wall - work)"] = profile["wall"] - profile["actor work"]
+    return profile
+
+
+def profile_table(profiles: dict[str, dict[str, float | None]], rows: list[str]) -> list[str]:
+    """Aligned lines: one row per quantity (seconds, shown in ms; None shows as '-'), one column per kind of run."""
+    title = "per rollout, median ms"
+    width = max(len(row) for row in [*rows, title])
+    columns = {kind: max(8, len(kind)) for kind in profiles}
+    lines = [f"  {title.ljust(width)}  " + "  ".join(kind.rjust(columns[kind]) for kind in profiles)]
+    for row in rows:
+        cells = []
+        for kind, profile in profiles.items():
+            value = profile.get(row)
+            cells.append(("-" if value is None else f"{value * MS:.1f}").rjust(columns[kind]))
+        lines.append(f"  {row.ljust(width)}  " + "  ".join(cells))
+    return lines
+
+
+def run_training(driver: str, argv: list[str], log_dir: Path) -> list[dict]:
+    """Run ``train.train`` (driver "sync") or ``train_async.train`` ("async") in this process; return its
+    metrics records."""
+    import train
+    import train_async
+    from miles.utils.arguments import parse_args
+    from miles.utils.tracking import read_metrics
+
+    args = parse_args(argv=[*argv, "--log-dir", str(log_dir)])
+    print(f"[bench] {driver} run: {' '.join(argv)}", flush=True)
+    start = time.perf_counter()
+    if driver == "sync":
+        train.train(args)
+    else:
+        asyncio.run(train_async.train(args))
+    print(f"[bench] {driver} run done in {time.perf_counter() - start:.1f} s (start-up included); "
+          f"{load_note()}", flush=True)
+    return read_metrics(log_dir)
+
+
+def load_note() -> str:
+    """The 1-minute load average against the core count: a benchmark's own runs add about 2 (engine, actor,
+    RolloutManager, driver), so a clearly higher load means other work shared the machine."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    return f"load average {load:.1f} on {cores} cores" + (" (shared: numbers are noisy)" if load > cores + 1 else "")
+
+
+def alternating_order(kinds: list[str], repeat: int) -> list[str]:
+    """``kinds`` in order on even repeats and reversed on odd ones (A B, B A, ...), so a drift in the machine's
+    speed during the benchmark does not favor the kind that always runs first."""
+    return kinds if repeat % 2 == 0 else kinds[::-1]
+
+
+def warm_up_run(log_root: Path, extra: list[str]) -> None:
+    """A short untimed run first: the first run in a fresh Ray session is slower (Ray's own processes are still
+    starting), and would otherwise bias whichever kind of run comes first."""
+    print("[bench] warm-up run (not timed)", flush=True)
+    run_training("sync", training_argv(3, extra), log_root / "warm-up")
+
+
+def training_argv(num_rollout: int, extra: list[str]) -> list[str]:
+    return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", *extra]
+
+
+def report(runs: dict[str, list[list[dict]]], events: list[dict], warmup: int) -> list[str]:
+    """The printed result, one line each; the last line is the result. ``runs`` maps "sync"/"async" to the
+    metrics records of each repeat."""
+    profiles = {kind: profile_runs(events, kind_runs, warmup, PROFILED_CALLS, ACTOR_WORK)
+                for kind, kind_runs in runs.items()}
+    sync_profile, async_profile = profiles["sync"], profiles["async"]
+    generate_s = median_metric(runs["sync"], GENERATE_KEY, warmup)
+    train_s = sync_profile["PolicyTrainer.prepare"] + sync_profile["PolicyTrainer.train"]
+    limit = overlap_limit(generate_s, train_s)
+    ratio = sync_profile["wall"] / async_profile["wall"]
+    metric_medians = ", ".join(f"{key} {median_metric(runs['sync'], key, warmup) * MS:.1f} ms"
+                               for key in (GENERATE_KEY, TRAIN_KEY, PUSH_KEY))
+    return [
+        f"rollouts {warmup}.. of {len(runs['sync'])} run(s) each (the first {warmup} are warm-up), medians:",
+        *profile_table(profiles, list(sync_profile)),
+        f"  sync run metrics: {metric_medians} (perf/train_s: optimizer steps only)",
+        (f"G = {generate_s * MS:.1f} ms generate, T = {train_s * MS:.1f} ms train (actor prepare + train); "
+         f"sync {sync_profile['wall'] * MS:.1f} ms/rollout, async {async_profile['wall'] * MS:.1f} ms/rollout"),
+        (f"overlap limit (G + T) / max(G, T) = {limit:.2f}x; achieved {ratio:.2f}x = "
+         f"{share_of_gain(ratio, limit):.0%} of the possible gain; goal: >= {GOAL_SHARE:.0%} of the limit"),
+        speedup_line(sync_profile["wall"], async_profile["wall"], limit),
+    ]
+
+
+def parse_options(description: str, default_num_rollout: int, repeats_help: str) -> argparse.Namespace:
+    """The benchmarks' shared command line, checked: --num-rollout, --warmup, --repeats, --keep-logs, extra flags."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-rollout", type=int, default=default_num_rollout,
+                        help="rollouts per run (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=5, help="first rollouts left out (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=2, help=f"{repeats_help} (default: %(default)s)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the run folders (their path is printed)")
+    parser.add_argument("extra", nargs="*", help="training flags for every run, after '--' (e.g. -- --lr 1e-4)")
+    options = parser.parse_args()
+    if options.warmup < 0 or options.num_rollout < options.warmup + 3 or options.repeats < 1:
+        parser.error(f"--num-rollout {options.num_rollout}, --warmup {options.warmup}, --repeats {options.repeats}: "
+                     "need --warmup >= 0, --num-rollout >= warmup + 3 (two timed gaps) and --repeats >= 1")
+    return options
+
+
+def run_schedule(schedule: list[tuple[str, str, list[str]]], options: argparse.Namespace,
+                 folder_prefix: str) -> tuple[dict[str, list[list[dict]]], list[dict]]:
+    """Run ``(name, driver, argv)`` in order, after a warm-up run, in one Ray session that is shut down on every
+    exit path, with run folders in a temporary folder (deleted unless --keep-logs).
+
+    Returns each name's metrics records (one list per run, names in first-run order) and Ray's task timeline.
+    """
+    sys.path.insert(0, str(REPO_ROOT))  # the drivers train.py and train_async.py live at the repository root
+    import ray
+
+    log_root = Path(tempfile.mkdtemp(prefix=folder_prefix))
+    records: dict[str, list[list[dict]]] = {}
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    try:
+        warm_up_run(log_root, options.extra)
+        for index, (name, driver, argv) in enumerate(schedule):
+            log_dir = log_root / f"{index:02d}-{name.replace('+', '-')}"
+            records.setdefault(name, []).append(run_training(driver, argv, log_dir))
+        events = ray.timeline()
+    finally:
+        ray.shutdown()
+        if options.keep_logs:
+            print(f"[bench] run folders kept in {log_root}")
+        else:
+            shutil.rmtree(log_root, ignore_errors=True)
+    return records, events
+
+
+def main() -> None:
+    options = parse_options(__doc__, default_num_rollout=60,
+                            repeats_help="sync/async pairs, in alternating order (sync async, async sync, ...), "
+                                         "pooled; more damp a shared machine's noise")
+    argv = training_argv(options.num_rollout, options.extra)
+    schedule = [(driver, driver, argv) for repeat in range(options.repeats)
+                for driver in alternating_order(["sync", "async"], repeat)]
+    runs, events = run_schedule(schedule, options, "miles-bench-async-")
+    print("\n".join(report(runs, events, options.warmup)))
+
+
+if __name__ == "__main__":
+    main()
