@@ -9,7 +9,8 @@ A run folder holds::
 
 Metric names are slash-grouped (``rollout/reward_mean``, ``eval/accuracy``, ``train/pg_loss``,
 ``perf/generate_s``, ``off_policy/staleness_mean``, ...). The tracker stores whatever it is given; only the
-progress bar and the summary read the few names below.
+progress bar and the summary read the few names below. The summary reduces each ``off_policy/*`` metric over the
+run: ``*_max`` names by their maximum, ``*_min`` names by their minimum, the others by their mean.
 
 Non-finite floats become ``null`` in the JSON files (JSON has no NaN), and are kept as they are in TensorBoard,
 which stores and shows them: a NaN loss should be seen, not hidden.
@@ -90,6 +91,15 @@ def _finite_numbers(values: list) -> list[float]:
 
 def _mean_or_none(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _over_rollouts(name: str, values: list[float]) -> float:
+    """A per-rollout metric over the run: the worst case for ``*_max``/``*_min`` names, else the mean."""
+    if name.endswith("_max"):
+        return max(values)
+    if name.endswith("_min"):
+        return min(values)
+    return sum(values) / len(values)
 
 
 def progress_postfix(
@@ -241,7 +251,7 @@ class MetricsTracker:
         window = min(SUMMARY_WINDOW, len(self._rewards))
         off_policy: dict[str, float | str | None] = {}
         for name, numbers in self._off_policy_numbers.items():
-            off_policy[name] = _mean_or_none(numbers) if numbers else self._off_policy_labels.get(name)
+            off_policy[name] = _over_rollouts(name, numbers) if numbers else self._off_policy_labels.get(name)
         return {
             "log_dir": str(self.log_dir),
             "rollouts_logged": self._rollouts_logged,

@@ -164,6 +164,7 @@ class TestSummary:
         for k in range(25):
             clock.now += 2.0
             metrics = {"rollout/reward_mean": k / 100, "off_policy/staleness_mean": 0.0 if k == 0 else 1.0,
+                       "off_policy/staleness_max": float(k % 3), "off_policy/tis_raw_min": 1.0 - k / 100,
                        "off_policy/tis_mean": math.nan if k == 3 else 1.0 + (k % 2) * 0.1,
                        "off_policy/correction": "tis"}
             if k % 10 == 0:
@@ -180,6 +181,8 @@ class TestSummary:
         odd_without_3 = [k for k in range(25) if k % 2 == 1 and k != 3]  # 11 of the 24 finite values are 1.1
         assert summary["off_policy"] == {
             "off_policy/staleness_mean": pytest.approx(24 / 25),
+            "off_policy/staleness_max": 2.0,  # the worst rollout, not the mean
+            "off_policy/tis_raw_min": pytest.approx(1.0 - 24 / 100),
             "off_policy/tis_mean": pytest.approx((24 + 0.1 * len(odd_without_3)) / 24),
             "off_policy/correction": "tis",
         }
