@@ -101,9 +101,8 @@ class RolloutManager:
 
 def create_rollout_manager(args, placement: Placement):
     """The manager actor (no CPU of its own: it only dispatches) and one engine actor per engine bundle."""
-    from miles.rollout.engine import (
-        TorchRolloutEngine,  # torch + transformers: the caller has them already
-    )
+    # torch + transformers: imported here, where the caller has them already, not by the manager's process.
+    from miles.rollout.engine import TorchRolloutEngine
 
     engine_cpus = 0 if args.colocate else CPUS_PER_BUNDLE
     engines = [
