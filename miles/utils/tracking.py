@@ -44,6 +44,17 @@ NUM_SAMPLES_KEY = "rollout/num_samples"
 EVAL_ACCURACY_KEY = "eval/accuracy"
 STALENESS_MEAN_KEY = "off_policy/staleness_mean"
 OFF_POLICY_PREFIX = "off_policy/"
+# The off-policy numbers the printed summary shows (summary.json keeps every one): what the correction was, how
+# stale the data was, whether the denominator matched the behavior policy, and how far the policy drifted.
+PRINTED_OFF_POLICY = (
+    "off_policy/correction",
+    "off_policy/staleness_max",
+    "off_policy/denominator_behavior_abs_diff_max",
+    "off_policy/tis_raw_mean",
+    "off_policy/ess",
+    "off_policy/policy_behavior_kl",
+    "off_policy/num_snapshots",
+)
 SUMMARY_WINDOW = 10  # rollouts averaged at each end of the reward curve
 
 
@@ -272,7 +283,8 @@ def _format_value(value: Any) -> str:
 
 
 def format_summary(summary: dict) -> str:
-    """A few aligned ``label  value`` lines for the end of a run; lines whose value is unknown are left out."""
+    """A few aligned ``label  value`` lines for the end of a run (the off-policy ones in ``PRINTED_OFF_POLICY``);
+    lines whose value is unknown are left out."""
     window = summary.get("reward_window", SUMMARY_WINDOW)
     rows = [
         ("rollouts logged", summary.get("rollouts_logged")),
@@ -282,7 +294,8 @@ def format_summary(summary: dict) -> str:
         ("eval accuracy, best", summary.get("eval_accuracy_best")),
         ("eval accuracy, last", summary.get("eval_accuracy_last")),
     ]
-    rows += list(summary.get("off_policy", {}).items())
+    off_policy = summary.get("off_policy", {})
+    rows += [(name, off_policy[name]) for name in PRINTED_OFF_POLICY if name in off_policy]
     rows = [(label, value) for label, value in rows if value is not None]
     width = max(len(label) for label, _ in rows) if rows else 0
     lines = [f"run summary ({summary.get('log_dir', '?')})"]

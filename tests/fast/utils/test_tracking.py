@@ -201,12 +201,14 @@ class TestSummary:
     def test_format_summary_aligns_values_and_leaves_out_unknowns(self):
         summary = {"log_dir": "runs/x", "rollouts_logged": 200, "wall_time_s": 123.45, "reward_window": 10,
                    "reward_mean_first_10": 0.1125, "reward_mean_last_10": 0.65312, "eval_accuracy_best": None,
-                   "eval_accuracy_last": None, "off_policy": {"off_policy/staleness_mean": 1.0}}
+                   "eval_accuracy_last": None,
+                   "off_policy": {"off_policy/staleness_max": 1.0, "off_policy/tis_raw_std": 0.1}}
         lines = format_summary(summary).splitlines()
         assert lines[0] == "run summary (runs/x)"
         rows = dict(re.fullmatch(r"  (.+?)  +(\S.*)", line).groups() for line in lines[1:-1])
         assert rows == {"rollouts logged": "200", "wall time": "123.5 s", "reward mean, first 10 rollouts": "0.1125",
-                        "reward mean, last 10 rollouts": "0.6531", "off_policy/staleness_mean": "1"}
+                        "reward mean, last 10 rollouts": "0.6531", "off_policy/staleness_max": "1"}
+        # tis_raw_std is in summary.json but not among the printed off-policy numbers
         value_columns = {len(line) - len(line.split("  ")[-1].lstrip()) for line in lines[1:-1]}
         assert len(value_columns) == 1
         assert lines[-1] == "  curves: python -m miles.utils.plot runs/x"
