@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install miles with its test extra. The CPU build of torch goes first, so pip never pulls a
-# multi-GB CUDA build to satisfy the dependency.
+# Create .venv and install miles with its test extra. torch==2.13.0 goes first: on the machines this project runs
+# on, pip finds a CPU build of it locally, and installing it first keeps pip from pulling a multi-GB CUDA build to
+# satisfy the dependency. Elsewhere, install a CPU build first yourself (README, "Set-up").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then

@@ -17,6 +17,7 @@ import ray
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.rm import get_reward_fn
+from miles.utils.errors import REPORT_BUG, OffPolicyGuardError
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
 
 
@@ -49,15 +50,22 @@ class RolloutManager:
         self.weight_version = 0
         self.last_push_s = 0.0  # engines' load time of the latest push, reported with the next rollout
 
-    def load_weights(self, payload: dict) -> list[float]:
-        """Load ``{"version", "fingerprint", "state_dict"}`` into every engine; return their loaded fingerprints."""
+    def load_weights(self, payload: dict) -> None:
+        """Load ``{"version", "fingerprint", "state_dict"}`` into every engine, and check that each engine's
+        fingerprint of the weights it loaded equals the trainer's (the guard checks it again on every sample)."""
         start = time.perf_counter()
         fingerprints = ray.get(
             [engine.load_weights.remote(payload["state_dict"], payload["version"]) for engine in self.engines]
         )
+        wrong = [index for index, fingerprint in enumerate(fingerprints) if fingerprint != payload["fingerprint"]]
+        if wrong:
+            raise OffPolicyGuardError(
+                f"weight version {payload['version']}: rollout engine(s) {wrong} loaded weights with fingerprint(s) "
+                f"{[fingerprints[i] for i in wrong]}, but the trainer pushed fingerprint {payload['fingerprint']!r}. "
+                f"{REPORT_BUG}"
+            )
         self.weight_version = payload["version"]
         self.last_push_s = time.perf_counter() - start
-        return fingerprints
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int) -> list[Sample]:
         shares = _split(prompts, len(self.engines))

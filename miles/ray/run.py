@@ -1,7 +1,8 @@
 """Everything the drivers orchestrate, behind a few verbs: generate, train, update_weights, finish_rollout.
 
-``training_run(args, driver)`` resolves the embedded default, starts (or joins) Ray, places the engines, the
-actor and the critic, loads ``--load``, pushes weight version 1, and on exit releases every actor, closes the
+``training_run(args, driver)`` resolves the embedded default, checks the inputs, starts (or joins) Ray, places the
+engines, the actor and the critic, loads ``--load``, pushes the first weight version (1, or the next one after a
+resume), and on exit releases every actor, closes the
 metrics and prints the summary. The verbs return Ray object references, so the async driver can overlap them.
 """
 
@@ -24,11 +25,11 @@ from miles.ray.cluster import (
     ray_session,
 )
 from miles.ray.rollout_manager import create_rollout_manager
-from miles.rollout.data_source import PromptDataSource, load_prompt_data
+from miles.rollout.data_source import load_prompt_data
 from miles.rollout.embedded import ensure_embedded_default
 from miles.rollout.rm import get_reward_fn
 from miles.utils import off_policy
-from miles.utils.errors import OffPolicyGuardError
+from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 from miles.utils.hf import check_hf_checkpoint
 from miles.utils.plot import plot_run
 from miles.utils.tracking import MetricsTracker, default_log_dir, format_summary
@@ -60,17 +61,27 @@ def preflight(args) -> int:
     """
     check_hf_checkpoint(args.hf_checkpoint)
     prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
-    PromptDataSource(prompts, args.rollout_batch_size, False, 0)  # rejects a file without prompts
     if args.eval_prompt_data is not None:
-        PromptDataSource(load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key), 1, False, 0)
+        load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key, flag="--eval-prompt-data")
     get_reward_fn(args.rm_type, args.custom_rm_path)
     return len(prompts)
+
+
+def check_rollouts_left(args) -> None:
+    """A resume whose checkpoint already reached --num-rollout has nothing to train: say so before Ray starts."""
+    saved = checkpoint.latest_rollout_id(args.load) if args.load else None
+    start = args.start_rollout_id if args.start_rollout_id is not None else (saved + 1 if saved is not None else 0)
+    if start >= args.num_rollout:
+        raise MilesConfigError(
+            f"there is nothing to train: the run would start at rollout {start}"
+            + (f" (--load {args.load} holds rollout {saved})" if saved is not None else "")
+            + f", but --num-rollout is {args.num_rollout}. Raise --num-rollout to train further."
+        )
 
 
 @dataclass
 class TrainingRun:
     args: object
-    placement: Placement
     rollout_manager: object
     actor: object
     critic: object | None
@@ -176,6 +187,7 @@ def _derive_num_rollout(args, num_prompts: int) -> None:
 def training_run(args, driver: str):
     resolve_run_paths(args, driver)
     _derive_num_rollout(args, num_prompts=preflight(args))
+    check_rollouts_left(args)
     num_bundles = count_bundles(args.rollout_num_engines, args.use_critic, args.colocate)
     with ray_session(args.ray_address, num_cpus=num_bundles):
         placement = create_placement(args.rollout_num_engines, args.use_critic, args.colocate, args.ray_placement_timeout)
@@ -188,7 +200,7 @@ def training_run(args, driver: str):
             ray.get(rollout_manager.load_weights.remote(actor.export_weights.remote(start_rollout_id)))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:
-                run = TrainingRun(args, placement, rollout_manager, actor, critic, tracker, start_rollout_id)
+                run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id)
                 try:
                     yield run
                 except OffPolicyGuardError as error:

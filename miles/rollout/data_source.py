@@ -10,34 +10,34 @@ from pathlib import Path
 from miles.utils.errors import MilesConfigError
 
 
-def load_prompt_data(path: str, input_key: str, label_key: str | None) -> list[dict]:
+def load_prompt_data(path: str, input_key: str, label_key: str | None, flag: str = "--prompt-data") -> list[dict]:
     """Read a JSONL file of objects into ``[{"prompt": str, "label": str}, ...]`` in file order.
 
     ``input_key`` names the prompt (a string); ``label_key`` the label (a string, or a number/other JSON value,
     which is kept as its JSON text, e.g. 7 -> "7"); ``label_key=None`` means no labels (label ""). Blank lines
-    are skipped. Every problem is a ``MilesConfigError`` naming the file, the line and the fix.
+    are skipped. Every problem is a ``MilesConfigError`` naming ``flag``, the file, the line and the fix.
     """
     file = Path(path).expanduser()
     if not file.is_file():
         example = json.dumps({input_key: "3+4=", label_key or "label": "7"})
         raise MilesConfigError(
-            f"--prompt-data {path!r}: no such file. Pass a JSONL file with one object per line, e.g. {example}, "
+            f"{flag} {path!r}: no such file. Pass a JSONL file with one object per line, e.g. {example}, "
             f"or leave the flag out for the embedded task."
         )
     prompts = []
     with file.open(encoding="utf-8") as lines:
         for line_number, line in enumerate(lines, start=1):
             if line.strip():
-                prompts.append(_parse_line(line, line_number, path, input_key, label_key))
+                prompts.append(_parse_line(line, line_number, f"{flag} {path!r}", input_key, label_key))
     if not prompts:
         raise MilesConfigError(
-            f"--prompt-data {path!r} has no prompts (the file is empty or blank). Write one JSON object per line."
+            f"{flag} {path!r} has no prompts (the file is empty or blank). Write one JSON object per line."
         )
     return prompts
 
 
-def _parse_line(line: str, line_number: int, path: str, input_key: str, label_key: str | None) -> dict:
-    where = f"--prompt-data {path!r} line {line_number}"
+def _parse_line(line: str, line_number: int, source: str, input_key: str, label_key: str | None) -> dict:
+    where = f"{source} line {line_number}"
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:

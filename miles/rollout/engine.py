@@ -70,6 +70,7 @@ class TorchRolloutEngine:
         """
         _check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
         prompt_ids = self._encode_prompts(prompts)
+        version_at_start = self.weight_version
         generator = torch.Generator().manual_seed(_mix_seeds(self.seed, seed))
         with torch.inference_mode():
             response_ids, response_log_probs = sample_with_kv_cache(
@@ -82,9 +83,11 @@ class TorchRolloutEngine:
                 max_response_len,
                 generator,
             )
+        # Both versions, should a weight load ever land mid-generation: the runtime guard then refuses the samples.
+        versions = sorted({version_at_start, self.weight_version})
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         return [
-            self._make_sample(prompts[index // n_samples_per_prompt], index, n_samples_per_prompt, *row)
+            self._make_sample(prompts[index // n_samples_per_prompt], index, n_samples_per_prompt, versions, *row)
             for index, row in enumerate(zip(rows, response_ids, response_log_probs, strict=True))
         ]
 
@@ -102,6 +105,7 @@ class TorchRolloutEngine:
         item: dict,
         index: int,
         n_samples_per_prompt: int,
+        weight_versions: list[int],
         prompt_tokens: list[int],
         tokens: list[int],
         log_probs: list[float],
@@ -117,7 +121,7 @@ class TorchRolloutEngine:
             response=self.tokenizer.decode(tokens, skip_special_tokens=True),
             loss_mask=[1] * len(tokens),  # <eos> included: it is an action the policy took
             rollout_log_probs=log_probs,
-            weight_versions=[self.weight_version],
+            weight_versions=weight_versions,
             weight_fingerprint=self.weight_fingerprint,
             status=SampleStatus.COMPLETED if completed else SampleStatus.TRUNCATED,
         )

@@ -78,6 +78,21 @@ def async_staleness_warning(args) -> str | None:
     )
 
 
+def correction_combination_note(args) -> str | None:
+    """What a combination of corrections means (DESIGN.md §3), said once at startup so nobody has to guess."""
+    if args.keep_old_actor and args.use_rollout_logprobs:
+        return (
+            "--use-rollout-logprobs with --keep-old-actor: the rollout engine's log-probs are the PPO ratio "
+            "denominator; the snapshots only feed the denominator-vs-behavior metrics."
+        )
+    if args.keep_old_actor and args.use_tis:
+        return (
+            "--use-tis with --keep-old-actor: the snapshot's log-probs are the denominator, so TIS corrects only the "
+            "train/inference numeric mismatch (weights close to 1 on the torch engine)."
+        )
+    return None
+
+
 def get_miles_extra_args_provider(add_custom_arguments=None):
     """Return ``add_miles_arguments(parser)``, which adds every miles flag group (upstream's hook name)."""
 
@@ -149,6 +164,10 @@ def _check_positive_sizes(args) -> None:
         if value < 1:
             flag = "--" + name.replace("_", "-")
             raise MilesConfigError(f"{flag} is {value}, but it must be at least 1. Pass {flag} 1 or more.")
+    if args.num_epoch is not None and args.num_epoch < 1:
+        raise MilesConfigError(
+            f"--num-epoch is {args.num_epoch}, but it must be at least 1. Pass 1 or more, or use --num-rollout."
+        )
     if args.rollout_temperature <= 0:
         raise MilesConfigError(
             f"--rollout-temperature is {args.rollout_temperature}, but sampling needs a temperature > 0 "

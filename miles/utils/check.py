@@ -10,8 +10,8 @@ finds those scripts without starting anything (no Ray, no model, no file written
 For each invocation it prints file:line and the driver, then one of three results. OK. REJECTED, with the
 exact error the driver would print and a one-line fix. UNRESOLVED, with the names it could not resolve. The
 arguments go through the real parser (``build_parser``), then ``miles_validate_args``. For train_async.py
-they then go through the colocation check and the contract, as in the driver. Every failing check is
-reported, not only the first. The parser may not know a flag: upstream launchers carry Megatron and SGLang
+they then go through the colocation check and the contract, as in the driver. Each of those
+checks runs even when an earlier one failed (within one, the first broken rule is reported). The parser may not know a flag: upstream launchers carry Megatron and SGLang
 options. Such flags are listed as ignored. The contract does not read them, so its verdict stands. (miles'
 own drivers refuse unknown flags. The checker only ignores them because it reads upstream-style launchers.)
 

@@ -5,6 +5,9 @@ every other exception keeps its traceback, because it is a bug rather than bad i
 """
 
 
+REPORT_BUG = "This is a bug in miles, not in your flags; please report it with the run's metrics.jsonl."
+
+
 class MilesConfigError(ValueError):
     """A launch configuration that miles refuses: the message names the value, the rule and the fix."""
 

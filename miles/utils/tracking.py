@@ -174,7 +174,8 @@ class MetricsTracker:
         self._off_policy_labels: dict[str, str] = {}
 
     def _open_tensorboard(self, start_rollout_id: int):
-        from torch.utils.tensorboard import SummaryWriter  # torch only when TensorBoard is wanted
+        # torch only when TensorBoard is wanted
+        from torch.utils.tensorboard import SummaryWriter
 
         # purge_step hides events a crashed run wrote at or after the rollout this run resumes from.
         purge_step = start_rollout_id if start_rollout_id > 0 else None

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 class SampleStatus(str, enum.Enum):
     COMPLETED = "completed"  # the response ended with <eos>
     TRUNCATED = "truncated"  # the response hit --rollout-max-response-len before <eos>
-    ABORTED = "aborted"
 
 
 @dataclass

@@ -257,3 +257,16 @@ def test_cli_argparse_errors_keep_argparse_behavior():
     result = _run_driver("--advantage-estimator", "dpo")
     assert result.returncode == 2
     assert "invalid choice: 'dpo'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [(["--use-rollout-logprobs", "--keep-old-actor"], "snapshots only feed"),
+     (["--use-tis", "--keep-old-actor"], "TIS corrects only the train/inference numeric mismatch"),
+     (["--keep-old-actor"], None), (["--use-tis"], None), ([], None)],
+)
+def test_each_combination_of_corrections_is_explained_once(flags, words):
+    from miles.utils.arguments import correction_combination_note
+
+    note = correction_combination_note(parse_args(argv=["--advantage-estimator", "ppo", *flags]))
+    assert note is None if words is None else words in note
