@@ -2,8 +2,8 @@
 
 ``training_run(args, driver)`` resolves the embedded default, checks the inputs, starts (or joins) Ray, places the
 engines, the actor and the critic, loads ``--load``, pushes the first weight version (1, or the next one after a
-resume), and on exit releases every actor, closes the
-metrics and prints the summary. The verbs return Ray object references, so the async driver can overlap them.
+resume), and on exit releases every actor, closes the metrics and prints the summary. The verbs return Ray
+object references, so the async driver can overlap them.
 """
 
 from __future__ import annotations
