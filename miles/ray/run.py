@@ -145,11 +145,11 @@ class TrainingRun:
     def save(self, rollout_id: int) -> None:
         if rollout_id == self.last_saved_rollout:
             return
-        refs = [self.actor.save.remote(self.args.save, rollout_id)]
+        roles = [(self.actor, self.args.save)]
         if self.critic is not None:
-            refs.append(self.critic.save.remote(self.args.critic_save, rollout_id))
-        ray.get(refs)
-        for root in {self.args.save, self.args.critic_save if self.critic is not None else self.args.save}:
+            roles.append((self.critic, self.args.critic_save))
+        ray.get([process.save.remote(root, rollout_id) for process, root in roles])
+        for root in {root for _, root in roles}:  # only once every role of this rollout is on disk
             checkpoint.mark_latest(root, rollout_id)
         self.last_saved_rollout = rollout_id
         logger.info("saved rollout %d to %s", rollout_id, self.args.save)

@@ -111,6 +111,18 @@ class _TrainProcess:
                 "optimizer": self.optimizer.state_dict()}
 
 
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module):
+    """No-grad evaluation passes (the denominator, the critic's old values), restoring the model's mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
 def _load_dir(root: str | None, role: str, fallback: str) -> str:
     rollout_id = checkpoint.latest_rollout_id(root) if root else None
     return fallback if rollout_id is None else str(checkpoint.rollout_dir(root, rollout_id) / role)
@@ -181,14 +193,9 @@ class PolicyTrainer(_TrainProcess):
         finally:
             self._guard_s += time.perf_counter() - start
 
-    @torch.no_grad()
     def _forward_log_probs(self, model, samples: list[Sample]) -> Tensors:
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             return response_log_probs(model, samples, self.args.rollout_temperature)[0]
-        finally:
-            model.train(was_training)
 
     def _check_provenance(self, rollout_id: int, samples: list[Sample], expected_staleness: int) -> list[int]:
         """The guard's checks that need no forward pass: versions, staleness, pushed fingerprints, engine log-probs."""
@@ -325,22 +332,18 @@ class ValueTrainer(_TrainProcess):
 
     def __init__(self, args, num_threads: int = 1) -> None:
         torch.manual_seed(args.seed + 1)
-        fallback = args.hf_checkpoint
-        super().__init__(args, load_value_model(_load_dir(args.critic_load, "critic", fallback)), args.critic_lr, num_threads)
+        model = load_value_model(_load_dir(args.critic_load, "critic", args.hf_checkpoint))
+        super().__init__(args, model, args.critic_lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
 
     def init(self) -> None:
         if self.args.critic_load:
             self._load_trainer_state(self.args.critic_load)
 
-    @torch.no_grad()
     def compute_values(self, rollout: RolloutBatch) -> Tensors:
         """V_t of every response token under the current critic, before this rollout's steps (the "old" values)."""
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             return response_values(self.model, rollout.samples)
-        finally:
-            self.model.train()
 
     def train(self, rollout_id: int, rollout: RolloutBatch, old_values: Tensors, actor_guard=None) -> dict[str, float]:
         """One rollout's critic steps. ``actor_guard`` is the actor's ``prepare`` result, passed only so that Ray
