@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -36,12 +37,16 @@ def load_value_model(hf_checkpoint: str) -> torch.nn.Module:
     """A critic: the same backbone with a one-output token-classification head (HF's ``score`` layer), fp32.
 
     From a causal-LM folder the head is new (initialized by transformers); from a saved critic it is loaded.
-    Either way the model saves and loads with the ordinary HF functions.
+    Either way the model saves and loads with the ordinary HF functions. The head's dropout (transformers'
+    default 0.1) is off: the value targets and the clipped "old" values are taken without dropout, so the
+    trained values must be too, and both training backends then compute the same critic.
     """
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # "newly initialized weights: score" is expected for a new critic
     try:
-        return _load_model(AutoModelForTokenClassification, hf_checkpoint, "a critic", num_labels=1)
+        return _load_model(
+            AutoModelForTokenClassification, hf_checkpoint, "a critic", num_labels=1, classifier_dropout=0.0
+        )
     finally:
         transformers_logging.set_verbosity(verbosity)
 
@@ -62,11 +67,14 @@ def check_hf_checkpoint(hf_checkpoint: str) -> Path:
     return folder
 
 
-def _load_model(auto_class, hf_checkpoint: str, what: str, **kwargs) -> torch.nn.Module:
+def _load_model(auto_class, hf_checkpoint: str, what: str, **config_overrides) -> torch.nn.Module:
     folder = check_hf_checkpoint(hf_checkpoint)
     try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        for name, value in config_overrides.items():  # set, not passed: from_pretrained drops unknown config keys
+            setattr(config, name, value)
         with quiet_transformers_progress():
-            model = auto_class.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True, **kwargs)
+            model = auto_class.from_pretrained(str(folder), config=config, dtype=torch.float32, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise MilesConfigError(
             f"--hf-checkpoint {hf_checkpoint!r}: transformers cannot load {what} from it ({exc}). Pass a folder "

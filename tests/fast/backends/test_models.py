@@ -13,6 +13,7 @@ from miles.backends.torch_backend.models import (
     response_log_probs,
     response_values,
 )
+from miles.utils.hf import load_value_model
 from miles.utils.types import Sample
 
 VOCAB_SIZE = 11
@@ -34,6 +35,9 @@ def _sample(prompt: list[int], response: list[int], index: int = 0) -> Sample:
     return Sample(group_index=index, index=index, prompt="", label="", tokens=prompt + response,
                   response_length=len(response))
 
+
+# Token ids below the embedded default's 15.
+SAMPLES_IN_VOCAB = [_sample([1, 4, 7], [3, 2], 0), _sample([1], [4, 5, 6, 2], 1)]
 
 # Prompt lengths 3, 5, 1, response lengths 2, 1, 6, total lengths 5, 6, 7: every padded row has its own layout.
 SAMPLES = [
@@ -129,3 +133,12 @@ def test_pad_right_shapes_and_masks():
     ]
     _, short_mask = pad_right([_sample([1], [2]), _sample([1, 2, 3], [4])])
     assert short_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_the_critic_trains_without_dropout(embedded):
+    """Its targets and old values are computed in eval mode; a train-mode pass must give the same values."""
+    critic = load_value_model(embedded.checkpoint_dir).train()
+    assert critic.config.classifier_dropout == 0.0
+    with torch.no_grad():
+        first, second = response_values(critic, SAMPLES_IN_VOCAB), response_values(critic, SAMPLES_IN_VOCAB)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
