@@ -1,0 +1,31 @@
+"""Training backends. ``--train-backend`` picks one; both train the same roles with the same step loop, loss,
+snapshot store and runtime guard (``training_utils/``), and differ only in the model (``TrainModel``).
+
+- ``torch``: a Hugging Face model in one process (the embedded default's backend);
+- ``megatron``: megatron-core's GPTModel, converted from and to the Hugging Face layout (docs/megatron.md).
+
+A backend is imported only when it is used, so the torch backend never imports megatron-core.
+"""
+
+from __future__ import annotations
+
+TRAIN_BACKENDS = ("torch", "megatron")
+
+
+def load_train_model(backend: str, role: str, hf_folder: str, seed: int):
+    """The ``TrainModel`` of ``role`` ("actor" or "critic") on ``backend``, loaded from a Hugging Face folder.
+
+    ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    if backend == "torch":
+        from miles.backends.torch_backend.models import HFTrainModel
+
+        return HFTrainModel.load(role, hf_folder)
+    if backend == "megatron":
+        from miles.backends.megatron_backend.model import MegatronTrainModel
+
+        return MegatronTrainModel.load(role, hf_folder, seed)
+    raise ValueError(f"unknown train backend {backend!r}; valid: {', '.join(TRAIN_BACKENDS)}")

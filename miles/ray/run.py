@@ -14,9 +14,11 @@ import math
 from dataclasses import dataclass
 
 import ray
+import torch
 
-from miles.backends.torch_backend import checkpoint
-from miles.backends.torch_backend.trainer import PolicyTrainer, ValueTrainer
+from miles.backends.megatron_backend.support import check_megatron_backend
+from miles.backends.training_utils import checkpoint
+from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
 from miles.ray.cluster import (
     CPUS_PER_BUNDLE,
     Placement,
@@ -60,6 +62,8 @@ def preflight(args) -> int:
     Returns the number of training prompts.
     """
     check_hf_checkpoint(args.hf_checkpoint)
+    if args.train_backend == "megatron":
+        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available())
     prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
     if args.eval_prompt_data is not None:
         load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key, flag="--eval-prompt-data")

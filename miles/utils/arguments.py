@@ -100,6 +100,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_algorithm_arguments(parser)
         flags.add_off_policy_arguments(parser)
         flags.add_loop_arguments(parser)
+        flags.add_backend_arguments(parser)
         flags.add_rollout_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
         if add_custom_arguments is not None:

@@ -11,6 +11,8 @@ imports nothing heavy.
 
 import argparse
 
+from miles.backends import TRAIN_BACKENDS
+
 # flag -> (miles default, upstream default, why)
 UPSTREAM_DEFAULT_DEPARTURES = {
     "--num-rollout": ("300", "required", "the embedded default trains in a few minutes"),
@@ -23,6 +25,7 @@ UPSTREAM_DEFAULT_DEPARTURES = {
     "--input-key": ("prompt", "input", "the embedded data's key"),
     "--label-key": ("label", "none", "the embedded data's key"),
     "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
+    "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
 }
 
 
@@ -188,6 +191,18 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lr", type=float, default=3e-4, help="Actor learning rate (Adam). (default: %(default)s)")
     group.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate. (default: --lr)")
     group.add_argument("--clip-grad", type=float, default=1.0, help="Gradient-norm clip. (default: %(default)s)")
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training backend")
+    group.add_argument(
+        "--train-backend",
+        choices=TRAIN_BACKENDS,
+        default="torch",
+        help="Trainer of the actor and critic: 'torch' (a Hugging Face model in one process) or 'megatron' "
+        "(megatron-core's GPTModel converted from the Hugging Face checkpoint; Qwen2-family models; needs the "
+        "[megatron] extra, docs/megatron.md). Both take the same steps. (default: %(default)s)",
+    )
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,8 @@ import torch
 
 import miles.ray.run
 import train_async
-from miles.backends.torch_backend import checkpoint
-from miles.backends.torch_backend.trainer import PolicyTrainer
+from miles.backends.training_utils import checkpoint
+from miles.backends.training_utils.train_process import PolicyTrainer
 from miles.utils.errors import OffPolicyGuardError
 from miles.utils.off_policy import BehaviorDriftError
 from miles.utils.tracking import read_metrics
@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 class SnapshotCorruptingTrainer(PolicyTrainer):
-    """Puts wrong weights into the snapshot of version 2 and leaves its version and fingerprint labels intact."""
+    """Puts wrong weights into the snapshot of version 2 and leaves its version and fingerprint labels intact (on
+    the megatron backend the snapshot is in Megatron's layout: the corrupted tensor is a Megatron shard)."""
 
     def export_weights(self, rollouts_trained: int) -> dict:
         payload = super().export_weights(rollouts_trained)
@@ -35,15 +36,16 @@ def run_async(args) -> list[dict]:
     return read_metrics(args.log_dir)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("megatron", marks=pytest.mark.megatron)])
 def test_corrupted_snapshot_is_caught_by_its_fingerprint_and_the_last_good_checkpoint_is_kept(
-    make_args, tmp_path, monkeypatch
+    make_args, tmp_path, monkeypatch, backend
 ):
     # The subclass lives in this test module, which Ray workers cannot import: ship it by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     monkeypatch.setattr(miles.ray.run, "PolicyTrainer", SnapshotCorruptingTrainer)
     save = tmp_path / "ckpt"
     args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--num-rollout", "5",
-                     "--save", str(save), "--save-interval", "1")
+                     "--save", str(save), "--save-interval", "1", "--train-backend", backend)
     # Version 2 (the weights after rollout 0) generates rollout 2, whose denominator needs that snapshot.
     with pytest.raises(OffPolicyGuardError, match="whose weights now have fingerprint") as caught:
         run_async(args)

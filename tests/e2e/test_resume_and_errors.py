@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 import train
 import train_async
-from miles.backends.torch_backend import checkpoint
-from miles.backends.torch_backend.trainer import PolicyTrainer
+from miles.backends.training_utils import checkpoint
+from miles.backends.training_utils.train_process import PolicyTrainer
 from miles.ray.run import resolve_run_paths
 from miles.utils.errors import MilesConfigError
 from miles.utils.tracking import read_metrics

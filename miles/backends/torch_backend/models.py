@@ -1,55 +1,54 @@
-"""The trainer's forward passes over a batch of samples (models load through ``miles.utils.hf``).
+"""The torch backend: the actor and the critic are Hugging Face models in one process (``--train-backend torch``).
 
-The per-token log-prob of response token t is log_softmax(logits / temperature) at the position that predicts
-it (the position before it), the definition the rollout engine uses too (docs/embedded_default.md). The
-critic's value V_t for response token t is read at that same position (DESIGN.md §6).
+Models load through ``miles.utils.hf`` (fp32, local files only), the same loader the rollout engine uses, so the
+engine and the trainer compute log-probs with the same model class, dtype and attention implementation. The
+native layout is the Hugging Face layout, so the weight push and the checkpoints need no conversion.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
-import torch.nn.functional as F
 
+from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
+from miles.backends.training_utils.train_model import StateDict, TrainModel
+from miles.utils.hf import load_causal_lm, load_value_model
 from miles.utils.types import Sample
-
-
-def pad_right(samples: list[Sample], pad_token_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad prompt+response tokens: input_ids (B, T) and attention_mask (B, T)."""
-    max_len = max(len(sample.tokens) for sample in samples)
-    input_ids = torch.full((len(samples), max_len), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(samples), max_len), dtype=torch.long)
-    for row, sample in enumerate(samples):
-        input_ids[row, : len(sample.tokens)] = torch.tensor(sample.tokens)
-        attention_mask[row, : len(sample.tokens)] = 1
-    return input_ids, attention_mask
-
-
-def _response_slices(samples: list[Sample]) -> list[slice]:
-    """Positions whose outputs predict each sample's response tokens: [prompt_len - 1, len - 1)."""
-    return [slice(sample.prompt_length - 1, len(sample.tokens) - 1) for sample in samples]
 
 
 def response_log_probs(
     model: torch.nn.Module, samples: list[Sample], temperature: float, with_entropy: bool = False
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Per-sample log-probs (and entropies) of the response tokens, each a 1-D tensor of response_length.
-
-    log_prob_t = log_softmax(logits_{t-1} / temperature)[token_t]; entropy_t = -sum p log p of that distribution.
-    """
+    """Per-sample log-probs (and entropies) of the response tokens of a HF causal LM, each 1-D of response_length."""
     input_ids, attention_mask = pad_right(samples)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
-    log_probs, entropies = [], []
-    for row, (sample, span) in enumerate(zip(samples, _response_slices(samples), strict=True)):
-        token_log_probs = F.log_softmax(logits[row, span].float() / temperature, dim=-1)  # (R, V)
-        targets = input_ids[row, span.start + 1 : span.stop + 1]  # (R,)
-        log_probs.append(token_log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        if with_entropy:
-            entropies.append(-(token_log_probs.exp() * token_log_probs).sum(-1))
-    return log_probs, (entropies if with_entropy else None)
+    return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy)
 
 
 def response_values(model: torch.nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
     """Per-sample critic values V_t of the response tokens (1-D, response_length), read at the predicting position."""
     input_ids, attention_mask = pad_right(samples)
     scores = model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)  # (B, T)
-    return [scores[row, span].float() for row, span in enumerate(_response_slices(samples))]
+    return gather_response_values(scores, samples)
+
+
+class HFTrainModel(TrainModel):
+    """A Hugging Face causal LM (the actor) or token-classification critic, trained as it is."""
+
+    @classmethod
+    def load(cls, role: str, hf_folder: str) -> HFTrainModel:
+        return cls(load_value_model(hf_folder) if role == "critic" else load_causal_lm(hf_folder))
+
+    def response_log_probs(self, samples, temperature, with_entropy=False):
+        return response_log_probs(self.module, samples, temperature, with_entropy)
+
+    def response_values(self, samples):
+        return response_values(self.module, samples)
+
+    def hf_state_dict(self, native_state: Mapping[str, object] | None = None) -> StateDict:
+        state = self.module.state_dict() if native_state is None else native_state
+        return {name: tensor.detach().clone() for name, tensor in state.items()}
+
+    def save_pretrained(self, folder) -> None:
+        self.module.save_pretrained(folder, safe_serialization=True)

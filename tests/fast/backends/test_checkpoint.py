@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from miles.backends.torch_backend.checkpoint import (
+from miles.backends.training_utils.checkpoint import (
     LATEST_FILE,
     latest_rollout_id,
     load_trainer_state,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from miles.backends.torch_backend.snapshots import WeightSnapshotStore
+from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.utils.errors import OffPolicyGuardError
 
 

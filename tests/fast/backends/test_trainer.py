@@ -1,18 +1,12 @@
 """The train actor without Ray: ``run_optimizer_steps`` against optimizer steps written out by hand on a toy
 linear model, and ``PolicyTrainer`` in-process on the embedded default with a real ``TorchRolloutEngine``."""
 
-import copy
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
-from miles.backends.torch_backend.trainer import PolicyTrainer, run_optimizer_steps
-from miles.rollout.embedded import EmbeddedPaths, ensure_embedded_default
-from miles.rollout.engine import TorchRolloutEngine
-from miles.utils.arguments import parse_args
-from miles.utils.types import RolloutBatch
+from miles.backends.training_utils.train_model import TrainModel
+from miles.backends.training_utils.train_process import run_optimizer_steps
+from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, train_on, weights
 
 LR = 0.1
 
@@ -60,8 +54,8 @@ def _run(micro_batch_size: int, global_batch_size: int, per_token: bool, clip_gr
         metrics = {"sample_loss": float(torch.stack(losses).detach().mean()), "index": sum(indices) / len(indices)}
         return torch.stack(losses).sum() / divisor, metrics
 
-    metrics = run_optimizer_steps(model, optimizer, masks, global_batch_size, micro_batch_size, per_token, clip_grad,
-                                  micro_batch_loss)
+    metrics = run_optimizer_steps(TrainModel(model).clip_grad_norm, optimizer, masks, global_batch_size,
+                                  micro_batch_size, per_token, clip_grad, micro_batch_loss)
     return model, metrics, len(steps)
 
 
@@ -135,96 +129,42 @@ def test_metrics_are_sample_weighted_means(micro_batch_size, global_batch_size):
 # PolicyTrainer in-process on the embedded default.
 # ---------------------------------------------------------------------------------------------------------------
 
-NUM_PROMPTS, SAMPLES_PER_PROMPT, TEMPERATURE = 4, 4, 0.9
-
-
-@pytest.fixture(scope="session")
-def embedded(tmp_path_factory) -> EmbeddedPaths:
-    return ensure_embedded_default(str(tmp_path_factory.mktemp("miles-cache")))
-
-
-@pytest.fixture
-def restore_torch_threads():
-    """The trainer pins this process's torch threads; give the other tests theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def _policy_trainer(embedded: EmbeddedPaths, *flags: str) -> PolicyTrainer:
-    args = parse_args(argv=[
-        "--advantage-estimator", "grpo", "--rollout-batch-size", str(NUM_PROMPTS),
-        "--n-samples-per-prompt", str(SAMPLES_PER_PROMPT), "--micro-batch-size", "8",
-        "--rollout-temperature", str(TEMPERATURE), "--lr", "1e-2", *flags,
-    ])
-    args.hf_checkpoint = embedded.checkpoint_dir
-    return PolicyTrainer(args, num_threads=1)
-
-
-def _rollout(embedded: EmbeddedPaths, engine: TorchRolloutEngine, rollout_id: int) -> RolloutBatch:
-    prompts = [json.loads(line) for line in Path(embedded.train_jsonl).read_text().splitlines()[:NUM_PROMPTS]]
-    samples = engine.generate(prompts, SAMPLES_PER_PROMPT, TEMPERATURE, max_response_len=3, seed=rollout_id)
-    for sample in samples:  # rewards that differ within every group, so GRPO's advantages are not all zero
-        sample.reward = float(sample.index % 2)
-    return RolloutBatch(rollout_id, samples)
-
-
-def _engine_with(embedded: EmbeddedPaths, payload: dict) -> TorchRolloutEngine:
-    engine = TorchRolloutEngine(embedded.checkpoint_dir, seed=0, num_threads=1)
-    engine.load_weights(payload["state_dict"], payload["version"])
-    return engine
-
-
-def _train(trainer: PolicyTrainer, rollout_id: int, rollout: RolloutBatch, expected_staleness: int) -> dict:
-    """What the driver does per rollout: the guard and denominator (``prepare``), then the optimizer steps."""
-    guard_report = trainer.prepare(rollout_id, rollout, expected_staleness)
-    return trainer.train(rollout_id, guard_report)
-
-
-def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
-    return copy.deepcopy(trainer.model.state_dict())
-
-
-def _max_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
-    return max(float((before[name] - after[name]).abs().max()) for name in before)
-
-
 @pytest.mark.usefixtures("restore_torch_threads")
 def test_keep_old_actor_denominator_matches_the_engine_that_generated_the_rollout(embedded):
-    trainer = _policy_trainer(embedded, "--keep-old-actor")
+    trainer = policy_trainer(embedded, "--keep-old-actor")
     trainer.init()
-    engine = _engine_with(embedded, trainer.export_weights(rollouts_trained=0))
-    first, second = _rollout(embedded, engine, 0), _rollout(embedded, engine, 1)  # 1 is in flight, as in the loop
+    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    first, second = make_rollout(embedded, engine, 0), make_rollout(embedded, engine, 1)  # 1 in flight, as in the loop
 
-    before = _weights(trainer)
-    metrics = _train(trainer, 0, first, expected_staleness=0)
+    before = weights(trainer)
+    metrics = train_on(trainer, 0, first, expected_staleness=0)
     assert metrics["off_policy/denominator_behavior_abs_diff_max"] <= 1e-4
     assert metrics["off_policy/staleness_max"] == 0
-    assert _max_change(before, _weights(trainer)) > 1e-4  # the optimizer step moved the weights
+    assert max_change(before, weights(trainer)) > 1e-4  # the optimizer step moved the weights
 
     # The async order with interval 1: push W_1 as version 2 after training rollout 0. Rollout 1 was generated by
     # W_0 (version 1) and is trained by W_1: the snapshot, not the current actor, must be the denominator.
     trainer.export_weights(rollouts_trained=1)
-    after_first = _weights(trainer)
-    metrics = _train(trainer, 1, second, expected_staleness=1)
+    after_first = weights(trainer)
+    metrics = train_on(trainer, 1, second, expected_staleness=1)
     assert metrics["off_policy/staleness_max"] == 1
     assert metrics["off_policy/behavior_version"] == 1
     assert metrics["off_policy/num_snapshots"] == 2  # version 1 (being trained) and version 2 (on the engines)
     assert metrics["off_policy/denominator_behavior_abs_diff_max"] <= 1e-4
     assert metrics["off_policy/policy_behavior_abs_diff"] > 1e-3  # the current actor has drifted from W_0
-    assert _max_change(after_first, _weights(trainer)) > 1e-4
+    assert max_change(after_first, weights(trainer)) > 1e-4
 
 
 @pytest.mark.usefixtures("restore_torch_threads")
 def test_snapshot_forward_leaves_the_live_weights_in_place(embedded):
-    trainer = _policy_trainer(embedded, "--keep-old-actor")
+    trainer = policy_trainer(embedded, "--keep-old-actor")
     trainer.init()
-    engine = _engine_with(embedded, trainer.export_weights(rollouts_trained=0))
-    rollouts = [_rollout(embedded, engine, 0), _rollout(embedded, engine, 1)]
-    _train(trainer, 0, rollouts[0], expected_staleness=0)
-    live = _weights(trainer)
+    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    rollouts = [make_rollout(embedded, engine, 0), make_rollout(embedded, engine, 1)]
+    train_on(trainer, 0, rollouts[0], expected_staleness=0)
+    live = weights(trainer)
     trainer.prepare(1, rollouts[1], expected_staleness=1)  # loads the W_0 snapshot for the denominator
-    assert _max_change(live, _weights(trainer)) == 0.0
+    assert max_change(live, weights(trainer)) == 0.0
 
 
 @pytest.mark.usefixtures("restore_torch_threads")
@@ -234,14 +174,14 @@ def test_snapshot_forward_leaves_the_live_weights_in_place(embedded):
     ids=["rollout-logprobs", "rollout-logprobs+mismatch-metrics", "no-correction"],
 )
 def test_recompute_pass_runs_only_when_needed(embedded, monkeypatch, flags, expected_passes):
-    trainer = _policy_trainer(embedded, *flags)
+    trainer = policy_trainer(embedded, *flags)
     trainer.init()
-    engine = _engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
     calls = []
     original = trainer._forward_log_probs
     monkeypatch.setattr(trainer, "_forward_log_probs", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
-    before = _weights(trainer)
-    metrics = _train(trainer, 0, _rollout(embedded, engine, 0), expected_staleness=0)
+    before = weights(trainer)
+    metrics = train_on(trainer, 0, make_rollout(embedded, engine, 0), expected_staleness=0)
     assert len(calls) == expected_passes
     assert ("off_policy/denominator_behavior_abs_diff_max" in metrics) == (expected_passes == 1)
-    assert _max_change(before, _weights(trainer)) > 1e-4
+    assert max_change(before, weights(trainer)) > 1e-4

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from miles.backends.torch_backend.snapshots import WeightSnapshotStore
+from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 from miles.utils.off_policy import (

@@ -2,7 +2,7 @@
 
 import pytest
 
-from miles.backends.torch_backend import checkpoint
+from miles.backends.training_utils import checkpoint
 from miles.ray.run import check_rollouts_left, preflight
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError

@@ -35,7 +35,7 @@ def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict,
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.tmp-", dir=final.parent))
     try:
-        model.save_pretrained(staging, safe_serialization=True)
+        model.save_pretrained(staging)
         if tokenizer_source is not None:
             _copy_tokenizer_files(Path(tokenizer_source), staging)
         torch.save(trainer_state, staging / TRAINER_STATE_FILE)

@@ -1,5 +1,8 @@
 """The train processes: the actor (policy) and, for PPO, the critic. Plain classes; ``miles.ray`` makes them remote.
 
+One implementation for every training backend: the backend only supplies the model (``TrainModel``, see
+``train_model.py``), chosen by ``--train-backend``.
+
 Per rollout the actor computes the ratio denominator ("old") once, before its first optimizer step, by the mode the
 flags choose (DESIGN.md §3), then takes ``--num-steps-per-rollout`` optimizer steps over micro-batches whose losses
 are already scaled by the whole step's divisor, so the gradient does not depend on micro-batching.
@@ -16,9 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from miles.backends.torch_backend import checkpoint
-from miles.backends.torch_backend.models import response_log_probs, response_values
-from miles.backends.torch_backend.snapshots import WeightSnapshotStore
+from miles.backends import load_train_model
+from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.advantages import compute_advantages_and_returns
 from miles.backends.training_utils.loss import (
     LossConfig,
@@ -26,9 +28,10 @@ from miles.backends.training_utils.loss import (
     step_divisor,
     value_loss,
 )
+from miles.backends.training_utils.snapshots import WeightSnapshotStore
+from miles.backends.training_utils.train_model import TrainModel
 from miles.utils import off_policy
 from miles.utils.fingerprint import weights_fingerprint
-from miles.utils.hf import load_causal_lm, load_value_model
 from miles.utils.types import RolloutBatch, Sample
 
 Tensors = list[torch.Tensor]
@@ -39,7 +42,7 @@ def _as_tensors(rows, dtype=torch.float32) -> Tensors:
 
 
 def run_optimizer_steps(
-    model: torch.nn.Module,
+    clip_grad_norm: Callable[[float], float],
     optimizer: torch.optim.Optimizer,
     loss_masks: Tensors,
     global_batch_size: int,
@@ -50,7 +53,8 @@ def run_optimizer_steps(
 ) -> dict[str, float]:
     """Optimizer steps over consecutive global batches of sample indices, accumulating micro-batch gradients.
 
-    ``micro_batch_loss(indices, divisor)`` returns a loss already divided by the step's divisor. Metrics are
+    ``micro_batch_loss(indices, divisor)`` returns a loss already divided by the step's divisor;
+    ``clip_grad_norm(max_norm)`` clips the accumulated gradients and returns their norm. Metrics are
     averaged over samples (each micro-batch's metrics weighted by its size); ``grad_norm`` over steps.
     """
     num_samples = len(loss_masks)
@@ -66,7 +70,7 @@ def run_optimizer_steps(
             loss.backward()
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * len(micro)
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)))
+        grad_norms.append(clip_grad_norm(clip_grad))
         optimizer.step()
     averaged = {name: total / num_samples for name, total in totals.items()}
     averaged["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -78,11 +82,10 @@ class _TrainProcess:
 
     role = ""
 
-    def __init__(self, args, model: torch.nn.Module, lr: float, num_threads: int) -> None:
-        torch.set_num_threads(num_threads)
+    def __init__(self, args, model: TrainModel, lr: float, num_threads: int) -> None:
         self.args = args
         self.model = model
-        self.model.train()
+        self.model.module.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
 
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
@@ -107,20 +110,7 @@ class _TrainProcess:
 
     def model_and_optimizer_state(self) -> dict:
         """Copies of the weights and the optimizer state (to inspect a loaded or trained process)."""
-        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer.state_dict()}
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module):
-    """No-grad evaluation passes (the denominator, the critic's old values), restoring the model's mode after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield model
-    finally:
-        model.train(was_training)
+        return {"model": self.model.native_state_dict(), "optimizer": self.optimizer.state_dict()}
 
 
 def _load_dir(root: str | None, role: str, fallback: str) -> str:
@@ -142,8 +132,9 @@ class PolicyTrainer(_TrainProcess):
     role = "actor"
 
     def __init__(self, args, num_threads: int = 1) -> None:
-        torch.manual_seed(args.seed)
-        super().__init__(args, load_causal_lm(_load_dir(args.load, "actor", args.hf_checkpoint)), args.lr, num_threads)
+        torch.set_num_threads(num_threads)
+        model = load_train_model(args.train_backend, "actor", _load_dir(args.load, "actor", args.hf_checkpoint), args.seed)
+        super().__init__(args, model, args.lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
         self.ref_model = self._load_ref_model(args)
         self.snapshots = WeightSnapshotStore() if args.keep_old_actor else None
@@ -158,8 +149,8 @@ class PolicyTrainer(_TrainProcess):
     def _load_ref_model(args):
         if not (args.use_kl_loss or args.kl_coef != 0):
             return None
-        ref = load_causal_lm(args.ref_load or args.hf_checkpoint)
-        ref.eval().requires_grad_(False)
+        ref = load_train_model(args.train_backend, "actor", args.ref_load or args.hf_checkpoint, args.seed)
+        ref.module.eval().requires_grad_(False)
         return ref
 
     def init(self) -> int:
@@ -177,12 +168,12 @@ class PolicyTrainer(_TrainProcess):
     def export_weights(self, rollouts_trained: int) -> dict:
         """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot."""
         self.weight_version += 1
-        state_dict = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
         fingerprint = weights_fingerprint(state_dict)
         self.version_to_rollouts_trained[self.weight_version] = rollouts_trained
         self.pushed_fingerprints[self.weight_version] = fingerprint
         if self.snapshots is not None:
-            self.snapshots.add_pushed(self.weight_version, state_dict, fingerprint)
+            self.snapshots.add_pushed(self.weight_version, self.model.module.state_dict(), fingerprint)
         return {"version": self.weight_version, "fingerprint": fingerprint, "state_dict": state_dict}
 
     @contextlib.contextmanager
@@ -193,9 +184,9 @@ class PolicyTrainer(_TrainProcess):
         finally:
             self._guard_s += time.perf_counter() - start
 
-    def _forward_log_probs(self, model, samples: list[Sample]) -> Tensors:
-        with eval_mode(model):
-            return response_log_probs(model, samples, self.args.rollout_temperature)[0]
+    def _forward_log_probs(self, model: TrainModel, samples: list[Sample]) -> Tensors:
+        with model.eval_mode():
+            return model.response_log_probs(samples, self.args.rollout_temperature)[0]
 
     def _check_provenance(self, rollout_id: int, samples: list[Sample], expected_staleness: int) -> list[int]:
         """The guard's checks that need no forward pass: versions, staleness, pushed fingerprints, engine log-probs."""
@@ -216,20 +207,17 @@ class PolicyTrainer(_TrainProcess):
         version = samples[0].weight_versions[0]
         with self._guard_time():
             snapshot = self.snapshots.take_for_training(version, rollout_id)
-            # The fingerprint is recomputed from the snapshot's weights, so a wrong tensor under the right label fails.
-            snapshot_fingerprint = weights_fingerprint(snapshot.state_dict)
+            # The fingerprint is recomputed from the snapshot's weights (in the layout the engines received), so a
+            # wrong tensor under the right label fails.
+            snapshot_fingerprint = weights_fingerprint(self.model.hf_state_dict(snapshot.state_dict))
             for sample_version, sample_fingerprint in {(s.weight_versions[0], s.weight_fingerprint) for s in samples}:
                 off_policy.check_snapshot_provenance(
                     rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint
                 )
             referenced = [version] + [v for v in self.pushed_fingerprints if v > version]
             off_policy.check_snapshot_count(rollout_id, self.snapshots.versions(), referenced, limit=2)
-        live_state = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
-        self.model.load_state_dict(snapshot.state_dict)
-        try:
+        with self.model.swapped_weights(snapshot.state_dict):
             return self._forward_log_probs(self.model, samples)
-        finally:
-            self.model.load_state_dict(live_state)
 
     def _recomputed_old_log_probs(self, rollout_id: int, samples: list[Sample]) -> Tensors | None:
         """The recompute pass: snapshot weights (--keep-old-actor), the current actor, or skipped."""
@@ -299,8 +287,8 @@ class PolicyTrainer(_TrainProcess):
         first_step_log_probs: dict[int, torch.Tensor] = {}
 
         def micro_batch_loss(indices: list[int], divisor: float):
-            log_probs, entropy = response_log_probs(
-                self.model, [samples[i] for i in indices], self.args.rollout_temperature, with_entropy=True
+            log_probs, entropy = self.model.response_log_probs(
+                [samples[i] for i in indices], self.args.rollout_temperature, with_entropy=True
             )
             for i, lp in zip(indices, log_probs, strict=True):
                 if i in first_step and i not in first_step_log_probs:
@@ -308,7 +296,7 @@ class PolicyTrainer(_TrainProcess):
             return policy_loss(self.loss_config, _select(batch, indices), log_probs, entropy, divisor)
 
         metrics = run_optimizer_steps(
-            self.model, self.optimizer, batch["loss_masks"], self.args.global_batch_size, self.args.micro_batch_size,
+            self.model.clip_grad_norm, self.optimizer, batch["loss_masks"], self.args.global_batch_size, self.args.micro_batch_size,
             self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
         )
         metrics = {f"train/{name}": value for name, value in metrics.items()}
@@ -331,8 +319,9 @@ class ValueTrainer(_TrainProcess):
     role = "critic"
 
     def __init__(self, args, num_threads: int = 1) -> None:
-        torch.manual_seed(args.seed + 1)
-        model = load_value_model(_load_dir(args.critic_load, "critic", args.hf_checkpoint))
+        torch.set_num_threads(num_threads)
+        folder = _load_dir(args.critic_load, "critic", args.hf_checkpoint)
+        model = load_train_model(args.train_backend, "critic", folder, args.seed + 1)
         super().__init__(args, model, args.critic_lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
 
@@ -342,8 +331,8 @@ class ValueTrainer(_TrainProcess):
 
     def compute_values(self, rollout: RolloutBatch) -> Tensors:
         """V_t of every response token under the current critic, before this rollout's steps (the "old" values)."""
-        with eval_mode(self.model):
-            return response_values(self.model, rollout.samples)
+        with self.model.eval_mode():
+            return self.model.response_values(rollout.samples)
 
     def train(self, rollout_id: int, rollout: RolloutBatch, old_values: Tensors, actor_guard=None) -> dict[str, float]:
         """One rollout's critic steps. ``actor_guard`` is the actor's ``prepare`` result, passed only so that Ray
@@ -358,11 +347,11 @@ class ValueTrainer(_TrainProcess):
         batch = {"loss_masks": loss_masks, "returns": returns, "old_values": old_values}
 
         def micro_batch_loss(indices: list[int], divisor: float):
-            values = response_values(self.model, [samples[i] for i in indices])
+            values = self.model.response_values([samples[i] for i in indices])
             return value_loss(self.loss_config, _select(batch, indices), values, divisor)
 
         metrics = run_optimizer_steps(
-            self.model, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
+            self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
             self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
         )
         return {f"critic/{name}": value for name, value in metrics.items()}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from miles.backends.training_utils.train_model import clone_state
 from miles.utils.errors import OffPolicyGuardError
 
 
@@ -23,7 +24,7 @@ from miles.utils.errors import OffPolicyGuardError
 class WeightSnapshot:
     version: int
     fingerprint: float
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict[str, torch.Tensor]  # the trainer's native layout (megatron: fused, sharded)
 
 
 class WeightSnapshotStore:
@@ -41,8 +42,7 @@ class WeightSnapshotStore:
         if self._snapshots and version <= max(self._snapshots):
             raise ValueError(f"weight version {version} is not newer than {max(self._snapshots)}")
         previous = max(self._snapshots, default=None)
-        cloned = {name: tensor.detach().clone() for name, tensor in state_dict.items()}
-        self._snapshots[version] = WeightSnapshot(version, fingerprint, cloned)
+        self._snapshots[version] = WeightSnapshot(version, fingerprint, clone_state(state_dict))
         if previous is not None:
             self._release_older_than(previous)
 

@@ -1,0 +1,170 @@
+"""megatron-core's GPTModel as a miles ``TrainModel``: built from a Hugging Face Qwen2 config, loaded and saved in
+the Hugging Face layout.
+
+- The actor is GPTModel with the local layer spec (RMSNorm, GQA, qkv bias, SwiGLU, RoPE), its weights converted
+  from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch backend's weights.
+- The critic is the same GPTModel whose output layer is a scalar head with bias, Megatron's stand-in for HF's
+  token-classification ``score`` layer. It is converted from the HF critic that ``miles.utils.hf`` builds, so a
+  new head starts from the torch backend's initialization, bit for bit, under the same seed.
+- Every forward pass gets an explicit causal mask (True = masked): with ``attention_mask=None`` megatron builds one
+  on CUDA. Right padding needs nothing more, since real tokens never attend to the pads after them.
+- Outputs come back on the CPU (where the shared loss code keeps the batch); on a GPU that transfer is the one
+  place a later optimization would change (docs/megatron.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+from miles.backends.megatron_backend.cpu_shim import quiet_megatron_warnings
+from miles.backends.megatron_backend.parallel import clip_grad_norm, initialize_model_parallel
+from miles.backends.megatron_backend.qwen2 import Qwen2Layout, hf_to_megatron, megatron_to_hf
+from miles.backends.torch_backend.models import HFTrainModel
+from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
+from miles.backends.training_utils.train_model import StateDict, TrainModel
+from miles.utils.types import Sample
+
+with quiet_megatron_warnings():
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+
+def transformer_config(hf_config, use_cpu_initialization: bool) -> TransformerConfig:
+    """Megatron's config for a Hugging Face Qwen2 config; fusions off (they need CUDA kernels), fp32, no dropout."""
+    return TransformerConfig(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=hf_config.num_key_value_heads,
+        kv_channels=Qwen2Layout.from_hf_config(hf_config, "actor").head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        use_cpu_initialization=use_cpu_initialization,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def rope_theta(hf_config) -> float:
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+class ScalarHead(torch.nn.Module):
+    """The critic's output layer, V = w · h + b, called the way GPTModel calls its output layer."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size))
+        self.bias = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None):
+        return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None  # (S, B, 1)
+
+
+def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool) -> GPTModel:
+    """GPTModel shaped like ``hf_config``; the critic's has the scalar head and untied embeddings."""
+    with quiet_megatron_warnings():
+        model = _gpt_model(hf_config, role, use_cpu_initialization)
+    if role == "critic":
+        model.output_layer = ScalarHead(hf_config.hidden_size)
+    return model
+
+
+def _gpt_model(hf_config, role: str, use_cpu_initialization: bool) -> GPTModel:
+    return GPTModel(
+        config=transformer_config(hf_config, use_cpu_initialization),
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=rope_theta(hf_config),
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings) and role == "actor",
+    )
+
+
+def load_converted(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load converted weights; every parameter must be covered (only megatron's ``_extra_state`` may be absent)."""
+    result = module.load_state_dict(state, strict=False)
+    missing = [name for name in result.missing_keys if not name.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise KeyError(f"converted weights do not fit GPTModel: missing {missing}, unexpected {result.unexpected_keys}")
+
+
+def causal_mask(batch_size: int, length: int) -> torch.Tensor:
+    """(B, 1, T, T) boolean, True where attention is masked: every key after the query."""
+    return torch.ones(length, length, dtype=torch.bool).triu(diagonal=1).expand(batch_size, 1, length, length)
+
+
+class MegatronTrainModel(TrainModel):
+    def __init__(self, module: GPTModel, hf_config, role: str, device: torch.device) -> None:
+        super().__init__(module)
+        self.hf_config = hf_config
+        self.role = role
+        self.layout = Qwen2Layout.from_hf_config(hf_config, role)
+        self.device = device
+
+    @classmethod
+    def load(cls, role: str, hf_folder: str, seed: int) -> MegatronTrainModel:
+        """Build GPTModel for ``role`` and convert the weights of the HF model in ``hf_folder`` into it."""
+        device = initialize_model_parallel(seed)
+        hf_model = HFTrainModel.load(role, hf_folder).module  # the torch backend's loader: same weights, same init
+        module = build_gpt_model(hf_model.config, role, use_cpu_initialization=device.type == "cpu")
+        model = cls(module, hf_model.config, role, device)
+        load_converted(module, hf_to_megatron(hf_model.state_dict(), model.layout))
+        return model.to_device()
+
+    def to_device(self) -> MegatronTrainModel:
+        self.module.to(self.device)
+        return self
+
+    def _forward(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """GPTModel's output (B, T, V or 1) on the CPU, and the input ids (B, T)."""
+        input_ids, _ = pad_right(samples)
+        batch_size, length = input_ids.shape
+        position_ids = torch.arange(length).expand(batch_size, length)
+        output = self.module(
+            input_ids.to(self.device), position_ids.to(self.device), causal_mask(batch_size, length).to(self.device)
+        )
+        return output.cpu(), input_ids
+
+    def response_log_probs(self, samples, temperature, with_entropy=False):
+        logits, input_ids = self._forward(samples)  # (B, T, V)
+        return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy)
+
+    def response_values(self, samples):
+        scores, _ = self._forward(samples)  # (B, T, 1)
+        return gather_response_values(scores.squeeze(-1), samples)
+
+    def hf_state_dict(self, native_state: Mapping[str, object] | None = None) -> StateDict:
+        state = self.module.state_dict() if native_state is None else native_state
+        return {name: tensor.cpu() for name, tensor in megatron_to_hf(state, self.layout).items()}
+
+    def save_pretrained(self, folder) -> None:
+        """An ordinary HF folder (either backend loads it): the HF model is built on the meta device (no
+        allocation), given the converted tensors, and saved by transformers."""
+        auto_class = AutoModelForTokenClassification if self.role == "critic" else AutoModelForCausalLM
+        with torch.device("meta"):
+            hf_model = auto_class.from_config(self.hf_config, dtype=torch.float32)
+        hf_model.load_state_dict(self.hf_state_dict(), assign=True)
+        hf_model.tie_weights()
+        hf_model.save_pretrained(folder)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return clip_grad_norm(list(self.module.parameters()), max_norm)

@@ -1,0 +1,55 @@
+"""The process group and megatron's parallel state for a train process, and the gradient-norm clip.
+
+A train process today is one rank (world size 1, tensor- and data-parallel size 1); the process group uses an
+in-process store, so no port is opened. The backend is gloo without CUDA and nccl with it. The clip is written for
+tensor-parallel shards from the start: megatron's own clip needs CUDA tensors, so the norm is computed here over
+the parameters each rank owns and summed over the model-parallel group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from miles.backends.megatron_backend.cpu_shim import apply_cpu_shim
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+
+def initialize_model_parallel(seed: int, tensor_model_parallel_size: int = 1) -> torch.device:
+    """Set up torch.distributed, megatron's parallel state and its RNG tracker once per process; return the device.
+
+    Without CUDA the RNG tracker is megatron's inference tracker (``fork()`` does not switch CUDA RNG states, which
+    do not exist): fine because the backend refuses dropout there (``support.py``).
+    """
+    cuda = torch.cuda.is_available()
+    apply_cpu_shim()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_model_parallel_size)
+    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not cuda)
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+    """torch's ``clip_grad_norm_`` over a tensor-parallel model: returns the global 2-norm before clipping.
+
+    norm = sqrt(sum over the model-parallel group of sum over owned grads of ||g||^2), where a rank owns its
+    tensor-parallel shards and, of the replicated parameters (norms, biases of row-parallel layers), only TP rank 0
+    counts them; every gradient is then scaled by min(1, max_norm / (norm + 1e-6)), torch's coefficient.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    owned = [p.grad for p in parameters if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    squared = torch.stack([torch.linalg.vector_norm(g) ** 2 for g in owned]).sum() if owned else torch.zeros(())
+    if parallel_state.get_model_parallel_group().size() > 1:
+        dist.all_reduce(squared, group=parallel_state.get_model_parallel_group())
+    norm = math.sqrt(float(squared))
+    coefficient = min(1.0, max_norm / (norm + 1e-6))
+    if coefficient < 1.0:
+        for grad in grads:
+            grad.mul_(coefficient)
+    return norm

@@ -1,0 +1,55 @@
+"""What the megatron backend can train, checked in the driver's process before Ray starts.
+
+Reads the Hugging Face ``config.json`` as JSON and looks megatron-core up without importing it, so a launch it
+cannot serve ends with one ``error:`` line (exit 2) and costs no actor start-up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from miles.utils.errors import MilesConfigError
+
+SUPPORTED_MODEL_TYPES = ("qwen2",)  # the families with a conversion table in this package
+
+
+def check_megatron_backend(hf_checkpoint: str, cuda_available: bool) -> None:
+    """Raise ``MilesConfigError`` unless megatron-core is installed and the checkpoint's model can be converted."""
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise MilesConfigError(
+            "--train-backend megatron needs megatron-core, which is not installed. Install the extra "
+            "(pip install -e '.[megatron]'; scripts/setup.sh does), or use --train-backend torch."
+        )
+    config = json.loads((Path(hf_checkpoint).expanduser() / "config.json").read_text())
+    for problem in _unsupported(config, cuda_available):
+        raise MilesConfigError(f"--train-backend megatron with --hf-checkpoint {hf_checkpoint!r}: {problem}")
+
+
+def _unsupported(config: dict, cuda_available: bool) -> list[str]:
+    """Each thing the backend cannot do with this config, as 'value, rule, fix'."""
+    fix = "Use --train-backend torch, which trains any Hugging Face causal LM."
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return [f"model_type is {model_type!r}, but the backend converts only {', '.join(SUPPORTED_MODEL_TYPES)} "
+                f"models (miles/backends/megatron_backend/qwen2.py). {fix}"]
+    problems = []
+    if config.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act is {config['hidden_act']!r}, but the backend builds a SwiGLU (silu) MLP. {fix}")
+    if config.get("use_sliding_window"):
+        problems.append(f"use_sliding_window is set, but the backend has no sliding-window attention. {fix}")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        problems.append(f"RoPE type {rope.get('rope_type', rope.get('type'))!r} is not supported (only the default "
+                        f"RoPE). {fix}")
+    if config["num_attention_heads"] % config.get("num_key_value_heads", config["num_attention_heads"]):
+        problems.append(f"num_attention_heads {config['num_attention_heads']} is not a multiple of "
+                        f"num_key_value_heads {config['num_key_value_heads']}. {fix}")
+    if not cuda_available and config.get("attention_dropout", 0.0) > 0:
+        problems.append(
+            f"attention_dropout is {config['attention_dropout']}, but without CUDA megatron's RNG tracker runs in its "
+            "inference mode (docs/megatron.md), so dropout would not follow the model-parallel seeds. Set "
+            "attention_dropout to 0 in config.json (miles' PPO/GRPO steps use none), or use --train-backend torch."
+        )
+    return problems

@@ -1,0 +1,53 @@
+"""From a batch of samples to model inputs, and from model outputs back to per-response-token values.
+
+Both backends pad the same way and read their outputs through these functions, so they agree by construction on
+which position belongs to which token. The log-prob of response token t is log_softmax(logits / temperature) at
+the position that predicts it (the position before it), the definition the rollout engine uses too
+(docs/embedded_default.md). The critic's value V_t for response token t is read at that same position (DESIGN.md
+§6).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from miles.utils.types import Sample
+
+
+def pad_right(samples: list[Sample], pad_token_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad prompt+response tokens: input_ids (B, T) and attention_mask (B, T)."""
+    max_len = max(len(sample.tokens) for sample in samples)
+    input_ids = torch.full((len(samples), max_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(samples), max_len), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        input_ids[row, : len(sample.tokens)] = torch.tensor(sample.tokens)
+        attention_mask[row, : len(sample.tokens)] = 1
+    return input_ids, attention_mask
+
+
+def response_slices(samples: list[Sample]) -> list[slice]:
+    """Positions whose outputs predict each sample's response tokens: [prompt_len - 1, len - 1)."""
+    return [slice(sample.prompt_length - 1, len(sample.tokens) - 1) for sample in samples]
+
+
+def gather_response_log_probs(
+    logits: torch.Tensor, input_ids: torch.Tensor, samples: list[Sample], temperature: float, with_entropy: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Per-sample log-probs (and entropies) of the response tokens from full-vocabulary logits (B, T, V).
+
+    log_prob_t = log_softmax(logits_{t-1} / temperature)[token_t]; entropy_t = -sum p log p of that distribution.
+    """
+    log_probs, entropies = [], []
+    for row, span in enumerate(response_slices(samples)):
+        token_log_probs = F.log_softmax(logits[row, span].float() / temperature, dim=-1)  # (R, V)
+        targets = input_ids[row, span.start + 1 : span.stop + 1]  # (R,)
+        log_probs.append(token_log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        if with_entropy:
+            entropies.append(-(token_log_probs.exp() * token_log_probs).sum(-1))
+    return log_probs, (entropies if with_entropy else None)
+
+
+def gather_response_values(scores: torch.Tensor, samples: list[Sample]) -> list[torch.Tensor]:
+    """Per-sample critic values V_t (1-D, response_length) from per-position scores (B, T)."""
+    return [scores[row, span].float() for row, span in enumerate(response_slices(samples))]

@@ -1,0 +1,61 @@
+"""The CPU shim: each override is pinned to the megatron-core function it replaces, computes what that function
+computes (run here with the CUDA device call redirected to the CPU), and is installed only without CUDA."""
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron.core import utils as megatron_utils  # noqa: E402
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding  # noqa: E402
+
+from miles.backends.megatron_backend import cpu_shim  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(cpu_shim.PINNED_SOURCE_SHA256))
+def test_the_replaced_function_is_the_pinned_one(name):
+    """Fails when a megatron-core upgrade changes the function: re-read it, adapt the override, update the pin."""
+    assert cpu_shim.source_sha256(cpu_shim.ORIGINALS[name]) == cpu_shim.PINNED_SOURCE_SHA256[name], (
+        f"megatron-core's {name} changed; the CPU shim's override of it must be re-checked"
+    )
+
+
+@pytest.fixture
+def cuda_device_is_the_cpu(monkeypatch):
+    """Lets the original functions run here: their ``torch.cuda.current_device()`` answers "cpu" (test only)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+
+
+@pytest.mark.usefixtures("cuda_device_is_the_cpu")
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_override_computes_what_the_original_computes(interleaved):
+    rotary = RotaryEmbedding(kv_channels=8, rotary_percent=1.0, rotary_interleaved=interleaved, rotary_base=500,
+                             use_cpu_initialization=True)
+    expected = cpu_shim.ORIGINALS["RotaryEmbedding.get_emb"](rotary, 7, offset=2)
+    actual = cpu_shim._rotary_get_emb_on_cpu(rotary, 7, offset=2)
+    assert actual.shape == (7, 1, 1, 8)
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.usefixtures("cuda_device_is_the_cpu")
+def test_memory_buffer_override_allocates_and_reuses_like_the_original():
+    original, override = megatron_utils.GlobalMemoryBuffer(), megatron_utils.GlobalMemoryBuffer()
+    for shape in [(2, 3), (4, 5), (1, 2)]:  # grows once, then reuses the larger buffer for the smaller request
+        expected = cpu_shim.ORIGINALS["GlobalMemoryBuffer.get_tensor"](original, shape, torch.float32, "attn")
+        actual = cpu_shim._memory_buffer_get_tensor_on_cpu(override, shape, torch.float32, "attn")
+        assert (actual.shape, actual.dtype, actual.device) == (expected.shape, expected.dtype, expected.device)
+    assert [buffer.numel() for buffer in override.buffer.values()] == [20]
+    assert [buffer.numel() for buffer in original.buffer.values()] == [20]
+
+
+def test_the_shim_is_installed_without_cuda_and_left_out_with_it(monkeypatch):
+    monkeypatch.setattr(RotaryEmbedding, "get_emb", cpu_shim.ORIGINALS["RotaryEmbedding.get_emb"])
+    monkeypatch.setattr(megatron_utils.GlobalMemoryBuffer, "get_tensor",
+                        cpu_shim.ORIGINALS["GlobalMemoryBuffer.get_tensor"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cpu_shim.apply_cpu_shim() is False
+    assert RotaryEmbedding.get_emb is cpu_shim.ORIGINALS["RotaryEmbedding.get_emb"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cpu_shim.apply_cpu_shim() is True
+    assert RotaryEmbedding.get_emb is cpu_shim._rotary_get_emb_on_cpu
+    assert megatron_utils.GlobalMemoryBuffer.get_tensor is cpu_shim._memory_buffer_get_tensor_on_cpu
