@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from miles.utils.errors import MilesConfigError
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 TRAINER_STATE_FILE = "trainer_state.pt"
 TOKENIZER_FILE_PATTERNS = ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")
@@ -80,6 +82,19 @@ def latest_rollout_id(root: str) -> int | None:
 
 def load_trainer_state(role_dir: Path) -> dict:
     return torch.load(role_dir / TRAINER_STATE_FILE, weights_only=False)
+
+
+def check_same_train_backend(trainer_state: dict, role_dir: Path, train_backend: str) -> None:
+    """The weights are HF-format, readable by every backend, but the optimizer state is indexed by the saving
+    backend's parameters (megatron fuses q/k/v and gate/up), so resuming needs the same ``--train-backend``."""
+    saved = trainer_state.get("train_backend", "torch")  # checkpoints from before the flag are the torch backend's
+    if saved != train_backend:
+        raise MilesConfigError(
+            f"--load: {role_dir} was saved with --train-backend {saved}, but this run uses --train-backend "
+            f"{train_backend}; its optimizer state is laid out for {saved}'s parameters, so the run cannot resume "
+            f"from it. Resume with --train-backend {saved}, or start a new run from its weights (the optimizer "
+            f"starts afresh): --hf-checkpoint {role_dir.parent / 'actor'} without --load."
+        )
 
 
 def _copy_tokenizer_files(source: Path, target: Path) -> None:

@@ -91,6 +91,7 @@ class _TrainProcess:
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
         state = {
             "rollout_id": rollout_id,
+            "train_backend": self.args.train_backend,  # the optimizer state is laid out for its parameters
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
@@ -102,7 +103,9 @@ class _TrainProcess:
         rollout_id = checkpoint.latest_rollout_id(root)
         if rollout_id is None:
             return None
-        state = checkpoint.load_trainer_state(checkpoint.rollout_dir(root, rollout_id) / self.role)
+        role_dir = checkpoint.rollout_dir(root, rollout_id) / self.role
+        state = checkpoint.load_trainer_state(role_dir)
+        checkpoint.check_same_train_backend(state, role_dir, self.args.train_backend)
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

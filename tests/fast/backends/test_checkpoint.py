@@ -10,12 +10,14 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from miles.backends.training_utils.checkpoint import (
     LATEST_FILE,
+    check_same_train_backend,
     latest_rollout_id,
     load_trainer_state,
     mark_latest,
     rollout_dir,
     save_role,
 )
+from miles.utils.errors import MilesConfigError
 from miles.utils.hf import load_causal_lm
 
 TOKENIZER_FILES = {"tokenizer.json": '{"fake": 1}', "tokenizer_config.json": '{"x": 2}',
@@ -140,3 +142,12 @@ def test_roles_of_one_rollout_sit_side_by_side(tmp_path):
     save_role(str(tmp_path), 0, "critic", critic, _trainer_state(0), None)
     _assert_same_weights(actor, load_file(rollout_dir(str(tmp_path), 0) / "actor" / "model.safetensors"))
     _assert_same_weights(critic, load_file(rollout_dir(str(tmp_path), 0) / "critic" / "model.safetensors"))
+
+
+def test_resuming_needs_the_backend_that_saved_the_optimizer_state(tmp_path):
+    role_dir = tmp_path / "rollout_000003" / "actor"
+    check_same_train_backend({"train_backend": "megatron"}, role_dir, "megatron")
+    check_same_train_backend({}, role_dir, "torch")  # saved before the flag existed: the torch backend's
+    with pytest.raises(MilesConfigError, match="saved with --train-backend torch") as caught:
+        check_same_train_backend({"train_backend": "torch"}, role_dir, "megatron")
+    assert f"--hf-checkpoint {role_dir}" in str(caught.value)  # the way to keep the weights
