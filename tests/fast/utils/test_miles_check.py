@@ -244,18 +244,25 @@ class TestScanScript:
 
 
 class TestCheckLaunch:
-    def test_unresolved_value_of_a_known_flag_leaves_the_flag_at_its_default(self):
+    def test_a_correction_passes_the_contract_whatever_the_unresolved_estimator_is(self):
         verdict = check_launch(["--advantage-estimator", Unresolved("$EST", "EST from env"), "--keep-old-actor"])
-        assert verdict.status == "UNRESOLVED"
-        assert verdict.unresolved == ["--advantage-estimator $EST: EST from env"]
-        # grpo is the default: the verdict of the resolved words says so, and says what it rests on
-        assert verdict.contract.startswith("contract, from the resolved words alone: exempt")
+        assert verdict.status == "OK"
+        assert verdict.unresolved == [("--advantage-estimator $EST", "EST from env")]
+        assert verdict.contract == "contract: OK (--keep-old-actor, whatever --advantage-estimator $EST is)"
+        # deriving use_critic reads the estimator: a note, never an error computed from the default
+        assert verdict.errors == [] and "reads --advantage-estimator" in verdict.cannot_check[0]
+
+    def test_an_unresolved_estimator_without_a_correction_depends_on_it(self):
+        verdict = check_launch(["--advantage-estimator", Unresolved("$EST", "EST from env")])
+        assert verdict.status == "DEPENDS"
+        assert verdict.depends_on[0][0] == "--advantage-estimator $EST"
 
     def test_unresolved_word_after_a_switch_keeps_the_switch(self):
         verdict = check_launch(["--advantage-estimator", "ppo", "--keep-old-actor", Unresolved("$X", "r")])
-        assert verdict.unresolved == ["$X: r"]
+        assert verdict.unresolved == [("$X", "r")]
         assert verdict.errors == []
-        assert verdict.contract == "contract, from the resolved words alone: OK (--keep-old-actor)"
+        # a word can add flags, not remove one: the correction holds whatever $X is
+        assert (verdict.status, verdict.contract) == ("OK", "contract: OK (--keep-old-actor)")
 
     def test_every_failing_check_is_reported_with_its_fix(self):
         verdict = check_launch(["--advantage-estimator", "ppo", "--colocate", "--save-interval", "5"])
@@ -350,23 +357,24 @@ class TestMainScripts:
         status, out, _ = _run(capsys, [FIXTURES / "ray_job_submit_tis.sh"])
         assert status == 0 and "ray_job_submit_tis.sh:23: train_async.py: OK; contract: OK (--use-tis)" in out
 
-    def test_environment_variables_are_unresolved_named_and_not_ok(self, capsys):
+    def test_environment_variables_are_unresolved_named_and_the_verdict_depends(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "env_var_unresolved.sh"])
-        assert status == 1
-        assert "env_var_unresolved.sh:6: train_async.py: UNRESOLVED" in out
+        assert status == 3
+        assert "env_var_unresolved.sh:6: train_async.py: DEPENDS" in out
+        assert "depends on ${CORRECTION_FLAG}: in a flag position, it could add a correction flag" in out
         assert "unresolved (not guessed): --lr ${LR}: LR is not assigned" in out
         assert "unresolved (not guessed): ${CORRECTION_FLAG}: CORRECTION_FLAG is not assigned" in out
         assert CONTRACT_FIX in out  # the resolved words alone lack a correction
 
-    def test_python_launcher_is_unresolved(self, capsys):
+    def test_python_launcher_depends_on_what_it_passes(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "python_launcher.sh"])
-        assert status == 1 and "python_launcher.sh:4: UNRESOLVED" in out and "Python launcher" in out
+        assert status == 3 and "python_launcher.sh:4: DEPENDS" in out and "Python launcher" in out
 
     def test_script_without_invocation_is_not_ok(self, capsys, tmp_path):
         script = tmp_path / "prepare.sh"
         script.write_text("set -e\npython3 tools/convert_hf.py --out /ckpt\n")
         status, out, _ = _run(capsys, [script])
-        assert status == 1
+        assert status == 3
         assert "no train_async.py / train.py invocation found" in out
         assert "python command seen, not a driver: line 2: python3 tools/convert_hf.py --out /ckpt" in out
 
