@@ -87,7 +87,7 @@ class _Placement:
     argv: list = field(default_factory=list)
     unresolved: list = field(default_factory=list)  # display lines
     unknown_values: dict = field(default_factory=dict)  # dest -> UnknownValue
-    flag_words: list = field(default_factory=list)  # (position in argv, word) of words that could add a flag
+    flag_words: list = field(default_factory=list)  # (argv position, word, dests it could add or None: any)
     estimator_position: int | None = None  # argv index of the last resolved flag that sets the estimator
 
 
@@ -140,18 +140,41 @@ def _could_add_a_flag(word: Unresolved) -> bool:
     return word.several or word.unquoted or word.text[:1] in ("$", "`", "-")
 
 
+def _flags_it_could_add(word: Unresolved, parser: argparse.ArgumentParser):
+    """The dests of the known flags a word in a flag position could add (from the words it could hold), or
+    None when it could hold anything."""
+    if word.could_hold is None:
+        return None
+    placed = _place_unresolved(list(word.could_hold), parser)
+    dests = {action.dest for action in map(lambda held: _action_for(parser, held), placed.argv) if action}
+    for _, _, inner in placed.flag_words:
+        if inner is None:
+            return None
+        dests |= inner
+    return frozenset(dests | placed.unknown_values.keys())
+
+
+def _adds(dests, wanted: set, what: str) -> str | None:
+    """Why a word in a flag position matters (None: it cannot add any of ``wanted``)."""
+    if dests is None:
+        return f"in a flag position, it could add {what}"
+    hits = sorted(wanted & dests)
+    return f"in a flag position, it could add {', '.join('--' + dest.replace('_', '-') for dest in hits)}" if hits else None
+
+
 def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement:
     """Sort a launch's words: resolved ones form the argv; each unresolved one is a flag's value (the flag
     counts as set), or sits in a flag position, where it could add a flag (``_could_add_a_flag``)."""
     placed, pending = _Placement(), None  # pending: the flag word whose value comes next
     for word in args:
         if isinstance(word, str):
-            action = _action_for(parser, word) if pending is None else None
+            is_value = pending is not None and (not word.startswith("-") or bool(_NEGATIVE_NUMBER.fullmatch(word)))
+            action = None if is_value else _action_for(parser, word)
             if action is not None:  # set here, after any unresolved value it had before
                 placed.unknown_values.pop(action.dest, None)
                 placed.estimator_position = len(placed.argv) if action.dest == _ESTIMATOR else placed.estimator_position
             placed.argv.append(word)
-            pending = word if pending is None and _awaits_value(parser, word) else None
+            pending = word if not is_value and _awaits_value(parser, word) else None
             continue
         literal_flag = _FLAG_WITH_VALUE.match(word.text)
         flag = pending or (literal_flag[1] if literal_flag else None)
@@ -165,7 +188,7 @@ def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement
         else:
             shown = word.text
         if (flag is None and _could_add_a_flag(word)) or (pending and word.several):
-            placed.flag_words.append((len(placed.argv), word))
+            placed.flag_words.append((len(placed.argv), word, _flags_it_could_add(word, parser)))
         placed.unresolved.append((shown, word.reason))
         pending = None
     return placed
@@ -239,8 +262,9 @@ def _contract(args, driver: str, contract_error, placed: _Placement) -> tuple:
         return f"contract: OK ({chosen}, whatever {estimator.flag} {estimator.text} is)", []
     if chosen:
         return (f"contract: OK ({chosen})" if args.use_critic else _exempt_line(args)), []
-    adds_correction = [(word.text, "in a flag position, it could add a correction flag")
-                       for _, word in placed.flag_words]
+    deciding = {_ESTIMATOR, *(attribute for attribute, _ in _CORRECTIONS)}
+    adds_correction = [(word.text, why) for _, word, dests in placed.flag_words
+                       if (why := _adds(dests, deciding, "a correction flag or --advantage-estimator"))]
     if estimator is not None:
         why = "the estimator decides the verdict (ppo without a correction is refused; the others are exempt)"
         return (f"contract: not determined ({estimator.flag} {estimator.text} is unresolved)",
@@ -248,9 +272,10 @@ def _contract(args, driver: str, contract_error, placed: _Placement) -> tuple:
     if contract_error is not None:
         return "contract: REJECTED (async PPO without a behavior-policy correction)", adds_correction
     after = placed.estimator_position
-    where = "in a flag position" + ("" if after is None else " after the last --advantage-estimator")
-    sets_ppo = [(word.text, f"{where}, it could set --advantage-estimator ppo, which is refused without a correction")
-                for position, word in placed.flag_words if after is None or position > after]
+    sets_ppo = [(word.text, why + (" after the last --advantage-estimator" if after is not None else "")
+                 + ": ppo is refused without a correction")
+                for position, word, dests in placed.flag_words if after is None or position > after
+                if (why := _adds(dests, {_ESTIMATOR}, "--advantage-estimator ppo"))]
     return _exempt_line(args), sets_ppo
 
 
@@ -268,8 +293,8 @@ def check_launch(args: list, driver: str = ASYNC_DRIVER) -> Verdict:
     """
     parser = _checking_parser()
     placed = _place_unresolved(args, parser)
-    lifts = [(word.text, "in a flag position, it could add a flag that lifts the refusal")
-             for _, word in placed.flag_words]
+    lifts = [(word.text, why + ", which could lift the refusal") for _, word, dests in placed.flag_words
+             if (why := _adds(dests, set(dests or ()), "any flag"))]
     try:
         namespace, extras = _parse_known(parser, placed.argv)
     except _UsageError as error:
@@ -282,7 +307,7 @@ def check_launch(args: list, driver: str = ASYNC_DRIVER) -> Verdict:
     contract, deciding = _contract(namespace, driver, contract_error, placed)
     if deciding:  # the words it depends on are named below the verdict
         contract = contract.replace("contract:", "contract, from the resolved words alone:", 1)
-    if errors and not placed.flag_words:
+    if errors and not lifts:
         status = REJECTED
     else:
         status = DEPENDS if errors or deciding else OK

@@ -3,6 +3,7 @@
 Conditions are never evaluated: an assignment that runs only under one makes its variable unresolved.
 """
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -72,7 +73,8 @@ class ScriptVariables(dict):
 
 
 def _conditional_reason(name: str, where: str) -> str:
-    return f"{name} is assigned under a condition at {where}, which miles-check does not evaluate"
+    return (f"{name} is assigned under a condition at {where}, which miles-check does not evaluate (it holds "
+            "the words assigned there or the ones it had before)")
 
 
 def _options_and_operands(words: list, with_values: str) -> tuple:
@@ -184,7 +186,7 @@ class ScriptReader:
                 self._assign(word, expansions, condition)
             return
         if rest[0] in _OPTIONS_WITH_VALUES:
-            self._read_into(line, rest, expansions, here_string, condition)
+            self._read_into(line, words[assignments:], expansions, here_string, condition)
         elif rest[0] in ("source", ".") and len(rest) > 1:
             self._source(line, rest[1], expansions, condition)
         elif not (rest[0] == "eval" and self._eval(line, rest[1:], expansions, condition)):
@@ -192,12 +194,18 @@ class ScriptReader:
             self._record(line, resolved, rest, expansions, heredoc)
 
     def _store(self, name: str, values: list, condition, array: bool, append: bool = False) -> None:
-        """Set a variable; one assigned under a condition is unresolved (its old value may still hold)."""
+        """Set a variable. One assigned under a condition is unresolved: it holds the new words or the old ones.
+
+        The old words of a name not assigned before are known for an array (none: bash exports no arrays,
+        so the script's own array starts empty) and unknown for a scalar (it may come from the environment).
+        """
+        previous = self.variables.get(name, [] if array else None)
+        if append:
+            values = (previous or []) + values
         if condition is not None:
             text = f"${{{name}[@]}}" if array else f"${name}"
-            values = [Unresolved(text, _conditional_reason(name, condition), several=array)]
-        elif append:
-            values = self.variables.get(name, []) + values
+            could_hold = None if previous is None else tuple(values) + tuple(previous)
+            values = [Unresolved(text, _conditional_reason(name, condition), several=array, could_hold=could_hold)]
         self.variables[name] = values
 
     def _assign(self, word: str, expansions: list, condition) -> None:
@@ -212,19 +220,25 @@ class ScriptReader:
         name, append, _ = _ASSIGNMENT.fullmatch(words[0]).groups()
         close = words.index(")", 2) if ")" in words[2:] else len(words)
         # an unquoted expansion among the elements is split when assigned: it may be several elements
-        elements = [Unresolved(value.text, value.reason, several=True) if getattr(value, "unquoted", False) else value
+        elements = [dataclasses.replace(value, several=True) if getattr(value, "unquoted", False) else value
                     for word in words[2:close] for value in resolve_words(word, expansions, self.variables)]
         self._store(name, elements, condition, array=True, append=bool(append))
 
     def _read_into(self, line: int, words: list, expansions: list, here_string, condition) -> None:
         """``read [-r] NAME`` / ``read -a NAME`` / ``mapfile -t NAME``: the words of the here-string, if any."""
+        substitution = " ".join(_display(word, expansions) for word in words[words.index("(") + 1:-1]
+                                ) if "(" in words else None  # < <(command): a process substitution
+        words = words[:words.index("(")] if "(" in words else words
         command = words[0]
         options, operands = _options_and_operands(words[1:], _OPTIONS_WITH_VALUES[command])
         array = options.get("a") if command == "read" else (operands[0] if operands else "MAPFILE")
         names = [array] if array else (operands or ["REPLY"])
-        source = (resolve_words(here_string, expansions, self.variables, split=False)[0] if here_string else
-                  Unresolved("its input", "not a here-string (a pipe, a file or a process substitution), which "
-                             "miles-check does not read"))
+        if here_string is not None:
+            source = resolve_words(here_string, expansions, self.variables, split=False)[0]
+        elif substitution is not None:
+            source = Unresolved(f"<({substitution})", "a process substitution: miles-check runs no commands")
+        else:
+            source = Unresolved("its standard input", "a pipe or a file, which miles-check does not read")
         if isinstance(source, str):
             lines = source.split("\n")
             fields = lines[0].split() if command == "read" else lines
@@ -234,7 +248,7 @@ class ScriptReader:
                 rest = lines[0].split(maxsplit=len(names) - 1)
                 self._store(name, [rest[position] if position < len(rest) else ""], condition, array=False)
             return
-        shown = " ".join(_display(word, expansions) for word in words[:-1] if word != names[-1])
+        shown = " ".join([command] + [word for word in words[1:] if word.startswith("-")])
         for name in names:
             reason = f"{name} is assigned at {self._where(line)} by `{shown}` from {source.text}: {source.reason}"
             text = f"${{{name}[@]}}" if array else f"${name}"

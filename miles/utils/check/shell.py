@@ -41,12 +41,15 @@ class Unresolved:
 
     ``several``: it stands for an unknown number of words even where quoted (an array's elements);
     ``unquoted``: it comes from an unquoted expansion, which bash splits at spaces. Neither: exactly one word.
+    ``could_hold``: every word it could stand for, when the script says (a variable assigned under a
+    condition holds what the condition's branch assigns or what it held before); None: anything.
     """
 
     text: str
     reason: str
     several: bool = False
     unquoted: bool = False
+    could_hold: tuple | None = None
 
 
 Word = str | Unresolved
@@ -326,6 +329,8 @@ def _through_variable(name: str, value: Word, text: str) -> Word:
     """A value read through ``text`` (e.g. ``$LR``); an unresolved one says where the variable got it."""
     if not isinstance(value, Unresolved) or value.text in (f"${name}", f"${{{name}[@]}}"):
         return value
+    if text.endswith(("[@]}", "[*]}")):  # an element keeps its own text: its place among the words matters
+        return dataclasses.replace(value, reason=f"an element of {text}: {value.reason}")
     return dataclasses.replace(value, text=text, reason=f"{name}={value.text}: {value.reason}")
 
 
