@@ -72,7 +72,8 @@ Limits (bash features it does not model):
 - ``#`` in the middle of a word: shlex reads it as a comment;
 - interpreter options that take a value (``python -X dev train.py``);
 - ``"$@"`` inside a shell function: it is empty as well;
-- ``source`` of a relative path (bash looks it up from the directory the script is started in): not read.
+- ``source`` of a relative path (bash looks it up from the directory the script is started in): not read;
+- assignments inside a ``( ... )`` subshell are read as if they persisted after it.
 """
 
 from miles.utils.check.cli import main

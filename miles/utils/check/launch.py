@@ -177,6 +177,8 @@ def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement
             pending = word if not is_value and _awaits_value(parser, word) else None
             continue
         literal_flag = _FLAG_WITH_VALUE.match(word.text)
+        if literal_flag and (_action_for(parser, literal_flag[1]) or argparse.Action([], "")).nargs == 0:
+            literal_flag = None  # a switch takes no value: "--use-tis=$X" is no value of it
         flag = pending or (literal_flag[1] if literal_flag else None)
         if flag is not None:  # a value: of a known flag (now set, value unknown) or of a flag miles ignores
             action = _action_for(parser, flag)

@@ -139,7 +139,7 @@ class ScriptReader:
             for simple in simple_commands(tokens):
                 words = self._enter_and_leave_blocks(simple.words)
                 conditional = simple.conditional or self.block_depth > 0
-                self._command(line, words, expansions, heredoc, simple.here_string, conditional)
+                self._command(line, words, expansions, heredoc, simple, conditional)
         if saved_source is not None:
             self.variables["BASH_SOURCE"] = saved_source
 
@@ -162,7 +162,7 @@ class ScriptReader:
         self.block_depth = max(self.block_depth, 0)
         return words[leading:]
 
-    def _command(self, line, words, expansions, heredoc, here_string, conditional) -> None:
+    def _command(self, line, words, expansions, heredoc, simple, conditional) -> None:
         """One simple command: an assignment updates the variables, a driver invocation is recorded.
 
         An assignment that runs only under a condition (in a block, after ``&&``/``||``) makes the variable
@@ -185,10 +185,10 @@ class ScriptReader:
             for word in words[:assignments]:
                 self._assign(word, expansions, condition)
             return
-        if rest[0] in _OPTIONS_WITH_VALUES:
-            self._read_into(line, words[assignments:], expansions, here_string, condition)
-        elif rest[0] in ("source", ".") and len(rest) > 1:
-            self._source(line, rest[1], expansions, condition)
+        if rest[0] in _OPTIONS_WITH_VALUES:  # its words from the command name on (a subshell's "(" dropped)
+            self._read_into(line, words[words.index(rest[0]):], expansions, simple, condition)
+        elif rest[0] in ("source", ".") and len(words) > words.index(rest[0]) + 1:
+            self._source(line, words[words.index(rest[0]) + 1], expansions, condition)
         elif not (rest[0] == "eval" and self._eval(line, rest[1:], expansions, condition)):
             resolved = [value for word in rest for value in resolve_words(word, expansions, self.variables)]
             self._record(line, resolved, rest, expansions, heredoc)
@@ -224,19 +224,17 @@ class ScriptReader:
                     for word in words[2:close] for value in resolve_words(word, expansions, self.variables)]
         self._store(name, elements, condition, array=True, append=bool(append))
 
-    def _read_into(self, line: int, words: list, expansions: list, here_string, condition) -> None:
+    def _read_into(self, line: int, words: list, expansions: list, simple, condition) -> None:
         """``read [-r] NAME`` / ``read -a NAME`` / ``mapfile -t NAME``: the words of the here-string, if any."""
-        substitution = " ".join(_display(word, expansions) for word in words[words.index("(") + 1:-1]
-                                ) if "(" in words else None  # < <(command): a process substitution
-        words = words[:words.index("(")] if "(" in words else words
         command = words[0]
         options, operands = _options_and_operands(words[1:], _OPTIONS_WITH_VALUES[command])
         array = options.get("a") if command == "read" else (operands[0] if operands else "MAPFILE")
         names = [array] if array else (operands or ["REPLY"])
-        if here_string is not None:
-            source = resolve_words(here_string, expansions, self.variables, split=False)[0]
-        elif substitution is not None:
-            source = Unresolved(f"<({substitution})", "a process substitution: miles-check runs no commands")
+        if simple.here_string is not None:
+            source = resolve_words(simple.here_string, expansions, self.variables, split=False)[0]
+        elif simple.input_command is not None:
+            shown_command = _display(simple.input_command, expansions)
+            source = Unresolved(f"<({shown_command})", "a process substitution: miles-check runs no commands")
         else:
             source = Unresolved("its standard input", "a pipe or a file, which miles-check does not read")
         if isinstance(source, str):
@@ -277,7 +275,7 @@ class ScriptReader:
     def _source(self, line: int, word: str, expansions: list, condition) -> None:
         """Follow ``source FILE`` when FILE resolves to a readable file; otherwise say why it is not read."""
         target = resolve_words(word, expansions, self.variables, split=False)[0]
-        shown = f"{_display(word, expansions)}, sourced at {self._where(line)}"
+        shown = f"{'<(...)' if word == '(' else _display(word, expansions)}, sourced at {self._where(line)}"
         why_not = self._why_not_readable(target)
         if why_not is None:
             try:
@@ -293,6 +291,8 @@ class ScriptReader:
         self.reading.pop()
 
     def _why_not_readable(self, target: Word):
+        if target == "(":
+            return "a process substitution: miles-check runs no commands"
         if isinstance(target, Unresolved):
             return target.reason
         if not os.path.isabs(target):

@@ -66,6 +66,7 @@ class SimpleCommand:
     words: list  # annotated shlex words (quotes removed, expansions as markers)
     conditional: bool  # runs only if the command before it succeeded or failed (after && / ||)
     here_string: str | None = None  # the word after <<<, the command's standard input
+    input_command: str | None = None  # the command of a `< <(command)` process substitution (annotated words)
 
 
 # ---------------------------------------------------------------- reading a script into commands
@@ -211,28 +212,51 @@ def annotate_expansions(command: str) -> tuple:
     return "".join(out), expansions
 
 
+def _process_substitution(pieces: list, start: int) -> tuple:
+    """The words of the process substitution opening at ``pieces[start]``, and the index just past its ")"."""
+    depth, index = 1, start + 1
+    while index < len(pieces) and depth:
+        depth += (pieces[index] in ("(", "<(", ">(")) - (pieces[index] == ")")
+        index += 1
+    return pieces[start + 1:index - 1 if depth == 0 else index], index
+
+
 def simple_commands(tokens: list) -> list:
     """Split a command's tokens at ``;``/``&&``/``||``/``|``/``&`` into ``SimpleCommand``s.
 
     Redirections are dropped with their targets, except a here-string's word (``read -ra A <<< "$LINE"``
-    reads it), which is kept as the command's ``here_string``.
+    reads it), kept as the command's ``here_string``, and a process substitution read as input
+    (``mapfile -t A < <(cmd)``), kept as its ``input_command``. A process substitution given as an argument
+    (``source <(cmd)``) stays among the words as ``(``, cmd's words, ``)``.
     """
-    commands, current, redirection, conditional, here_string = [], [], None, False, None
-    pieces = [piece for token in tokens
-              for piece in (_OPERATOR.findall(token) if _is_operator(token) else [token])]
-    for piece in pieces:
-        if redirection is not None:
-            here_string = piece if redirection == "<<<" else here_string
+    commands, current, redirection, conditional, inputs = [], [], None, False, {}
+    pieces = []
+    for token in tokens:
+        found = _OPERATOR.findall(token) if _is_operator(token) else [token]
+        pieces += found[:-2] + [token[-2:]] if token.endswith(("<(", ">(")) else found
+    index = 0
+    while index < len(pieces):
+        piece = pieces[index]
+        index += 1
+        if piece in ("<(", ">("):
+            words, index = _process_substitution(pieces, index - 1)
+            if redirection == "<":
+                inputs["input_command"] = " ".join(words)
+            elif redirection is None:
+                current += ["(", *words, ")"]
+            redirection = None
+        elif redirection is not None:
+            inputs.update({"here_string": piece} if redirection == "<<<" else {})
             redirection = None
         elif piece in _SEPARATORS:
-            commands.append(SimpleCommand(current, conditional, here_string))
-            current, here_string = [], None
+            commands.append(SimpleCommand(current, conditional, **inputs))
+            current, inputs = [], {}
             conditional = piece in ("&&", "||") or (conditional and piece in ("|", "|&"))
         elif piece in ("(", ")") or not _OPERATOR.fullmatch(piece):
             current.append(piece)
         else:  # a redirection operator: its target word is not an argument
             redirection = piece
-    commands.append(SimpleCommand(current, conditional, here_string))
+    commands.append(SimpleCommand(current, conditional, **inputs))
     return [command for command in commands if command.words]
 
 

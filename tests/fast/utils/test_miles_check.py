@@ -315,6 +315,17 @@ class TestReadMapfileEval:
         assert (invocation.line, invocation.args) == (3, ["--seed", "4"])
 
 
+    def test_a_process_substitution_as_output_is_no_argument(self):
+        invocation = _only_invocation("python3 train.py --seed 1 2> >(tee err.log) --lr 1\n")
+        assert invocation.args == ["--seed", "1", "--lr", "1"]
+
+    def test_bare_builtins_and_a_sourced_process_substitution_do_not_break_the_walk(self):
+        text = ('read\nmapfile\neval\nsource\neval "$(conda shell.bash hook)"\nsource <(echo B=1)\n'
+                "python3 train.py $B\n")
+        (word,) = _only_invocation(text).args
+        assert "<(...), sourced at line 6 and not read (a process substitution" in word.reason
+
+
 class TestSource:
     def _write(self, folder, name, text):
         path = folder / name
@@ -436,6 +447,10 @@ class TestUnresolvedWords:
         assert verdict.status == "DEPENDS"
         assert verdict.depends_on == [(word.text, "in a flag position, it could add a correction flag or "
                                                   "--advantage-estimator")]
+
+    def test_a_switch_given_a_value_is_no_value(self):
+        verdict = check_launch(["--advantage-estimator", "ppo", Unresolved("--use-tis=${X}", "r")])
+        assert verdict.status == "DEPENDS" and verdict.depends_on[0][0] == "--use-tis=${X}"
 
     def test_a_quoted_word_that_cannot_begin_with_a_dash_adds_no_flag(self):
         verdict = check_launch(["--advantage-estimator", "ppo", Unresolved("/data/${X}", "r")])
