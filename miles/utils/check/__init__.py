@@ -53,14 +53,15 @@ What it never guesses (the word is unresolved, and the report says why, naming t
 
 How unresolved words are judged (``launch``): a word right after a flag that takes a value, or after a flag
 miles does not know, is that flag's value (as is ``--flag=$X``): the flag counts as set, so "--save-interval
-without --save" holds; a rule that needs the value is a "cannot check" note. An unquoted value is read as one
-value (bash would split it at spaces; a value that splits into flags is not considered). Any other unresolved
-word is in a flag position and could add a flag when it may begin with ``-`` or stand for several words (an
-array, an unquoted expansion). The contract's verdict is determinate for train.py; for a launch with a
-resolved correction flag (words add flags, they cannot remove one); and otherwise when the estimator is
-resolved and no word that could add a flag sits where it would count (anywhere for ppo; after the last
-``--advantage-estimator`` for a critic-free estimator). A refusal by another rule stands only when no word
-could add a flag.
+without --save" holds; a rule that needs the value is a "cannot check" note. Two readings are assumed, not
+known: an unquoted value is one value (bash would split it at spaces), and a flag miles does not know takes
+the word after it (upstream's Megatron flags do). Any other unresolved word is in a flag position and could
+add a flag when it may begin with ``-`` or stand for several words (an array, an unquoted expansion); a
+variable assigned under a condition could add only the flags among the words it could hold. The contract's
+verdict is determinate for train.py; for a launch with a resolved correction flag (words add flags, they
+cannot remove one); and otherwise when the estimator is resolved and no word that could add a flag sits where
+it would count (anywhere for ppo; after the last ``--advantage-estimator`` for a critic-free estimator). A
+refusal by another rule stands only when no word could add a flag.
 
 Exit status (``cli.EXIT_EPILOG``): 0 no launch REJECTED or DEPENDS; 1 a launch REJECTED (wins over 3); 3 a
 launch DEPENDS, a launch miles-check cannot see into, or a script with no launch found; 2 a usage error (no

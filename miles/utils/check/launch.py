@@ -85,7 +85,7 @@ class _Placement:
     """Where a launch's unresolved words sit, and the argv of its resolved words."""
 
     argv: list = field(default_factory=list)
-    unresolved: list = field(default_factory=list)  # display lines
+    unresolved: list = field(default_factory=list)  # (word as shown, why it is unresolved)
     unknown_values: dict = field(default_factory=dict)  # dest -> UnknownValue
     flag_words: list = field(default_factory=list)  # (argv position, word, dests it could add or None: any)
     estimator_position: int | None = None  # argv index of the last resolved flag that sets the estimator
@@ -158,8 +158,8 @@ def _adds(dests, wanted: set, what: str) -> str | None:
     """Why a word in a flag position matters (None: it cannot add any of ``wanted``)."""
     if dests is None:
         return f"in a flag position, it could add {what}"
-    hits = sorted(wanted & dests)
-    return f"in a flag position, it could add {', '.join('--' + dest.replace('_', '-') for dest in hits)}" if hits else None
+    hits = ", ".join("--" + dest.replace("_", "-") for dest in sorted(wanted & dests))
+    return f"in a flag position, it could add {hits}" if hits else None
 
 
 def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement:
@@ -172,14 +172,13 @@ def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement
             action = None if is_value else _action_for(parser, word)
             if action is not None:  # set here, after any unresolved value it had before
                 placed.unknown_values.pop(action.dest, None)
-                placed.estimator_position = len(placed.argv) if action.dest == _ESTIMATOR else placed.estimator_position
+            if action is not None and action.dest == _ESTIMATOR:
+                placed.estimator_position = len(placed.argv)
             placed.argv.append(word)
             pending = word if not is_value and _awaits_value(parser, word) else None
             continue
         literal_flag = _FLAG_WITH_VALUE.match(word.text)
-        if literal_flag and (_action_for(parser, literal_flag[1]) or argparse.Action([], "")).nargs == 0:
-            literal_flag = None  # a switch takes no value: "--use-tis=$X" is no value of it
-        flag = pending or (literal_flag[1] if literal_flag else None)
+        flag = pending or (literal_flag[1] if literal_flag and _awaits_value(parser, literal_flag[1]) else None)
         if flag is not None:  # a value: of a known flag (now set, value unknown) or of a flag miles ignores
             action = _action_for(parser, flag)
             if action is not None and pending is not None:
@@ -200,19 +199,11 @@ def _group_flags(extras: list) -> list:
     """["--tp", "2", "--sp"] -> ["--tp 2", "--sp"]: each unknown flag with the values that follow it."""
     groups = []
     for token in extras:
-        if token.startswith("-") and not re.fullmatch(r"-\d[\d.e+-]*", token) or not groups:
+        if token.startswith("-") and not _NEGATIVE_NUMBER.fullmatch(token) or not groups:
             groups.append(token)
         else:
             groups[-1] += f" {token}"
     return groups
-
-
-def _fix_line(error: MilesConfigError) -> str:
-    """The contract has its own fix; every other miles error ends with its fix sentence (house rule)."""
-    if isinstance(error, AsyncOffPolicyCorrectionError):
-        return CONTRACT_FIX
-    sentence = re.split(r"(?<=[.!?])\s+", str(error).strip())[-1]
-    return "fix: " + sentence[:1].lower() + sentence[1:]
 
 
 def _fix_line(error: MilesConfigError) -> str:
@@ -309,9 +300,9 @@ def check_launch(args: list, driver: str = ASYNC_DRIVER) -> Verdict:
     contract, deciding = _contract(namespace, driver, contract_error, placed)
     if deciding:  # the words it depends on are named below the verdict
         contract = contract.replace("contract:", "contract, from the resolved words alone:", 1)
-    if errors and not lifts:
-        status = REJECTED
+    other_errors = len(errors) > (contract_error is not None)
+    if (contract_error is not None and not deciding) or (other_errors and not lifts):
+        status, depends_on = REJECTED, []  # a refusal no unresolved word can lift
     else:
-        status = DEPENDS if errors or deciding else OK
-    depends_on = deciding or (lifts if errors else [])
+        status, depends_on = (DEPENDS if errors or deciding else OK), deciding or (lifts if errors else [])
     return Verdict(status, contract, errors, _group_flags(extras), placed.unresolved, depends_on, cannot_check)

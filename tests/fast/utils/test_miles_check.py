@@ -478,6 +478,11 @@ class TestUnresolvedWords:
         assert verdict.status == "DEPENDS"
         assert verdict.depends_on == [("${FIX[@]}", "in a flag position, it could add --use-tis")]
 
+    def test_a_contract_refusal_stands_when_the_words_could_add_only_other_flags(self):
+        interval = Unresolved("${CKPT[@]}", "cond", several=True, could_hold=("--save-interval", "5"))
+        verdict = check_launch(["--advantage-estimator", "ppo", interval])
+        assert (verdict.status, verdict.depends_on) == ("REJECTED", [])
+
     def test_another_rule_refuses_only_when_no_word_could_lift_it(self):
         assert check_launch(["--colocate"]).status == "REJECTED"
         verdict = check_launch(["--colocate", "--advantage-estimator", "grpo", Unresolved("${X}", "r")], "train.py")
