@@ -113,7 +113,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
 def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="miles: RL post-training (PPO, GRPO, GSPO, REINFORCE++) for causal language models.",
-        epilog=flags.departures_epilog(),
+        epilog=flags.help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return get_miles_extra_args_provider(add_custom_arguments)(parser)
