@@ -33,8 +33,8 @@ class Range:
     why: str = ""
 
     def holds(self, value: float) -> bool:
-        if math.isnan(value) or (math.isinf(value) and not self.allow_inf):
-            return False
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not self.allow_inf)):
+            return False  # (an int is finite, and may be too large for math.isnan)
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         return self.high is None or (value < self.high if self.high_open else value <= self.high)

@@ -64,6 +64,7 @@ def test_inf_is_refused_unless_the_rule_gives_it_a_meaning(dest):
         (["--critic-lr=-1e-5"], "--critic-lr is -1e-05"),
         (["--seed", "99999999999999999999"], f"--seed is 99999999999999999999, but it must be >= 0 and <= {SEED_MAX}"),
         (["--seed=-1"], "--seed is -1"),
+        (["--seed", "1" + "0" * 400], "--seed is 1000"),  # larger than any float: still one clean error
         (["--rollout-seed", str(SEED_MAX + 1)], f"--rollout-seed is {SEED_MAX + 1}"),
         (["--start-rollout-id=-1"], "--start-rollout-id is -1, but it must be >= 0 (rollout ids count from 0)"),
         (["--ray-placement-timeout", "nan"], "--ray-placement-timeout is nan, but it must be > 0 and finite"),
