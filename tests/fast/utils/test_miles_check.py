@@ -421,6 +421,12 @@ class TestUnresolvedWords:
             assert (verdict.status, verdict.errors, verdict.cannot_check) == ("OK", [], [])
             assert verdict.unresolved == [("--save /ckpt/run_${TS}", "TS=$(date): command substitution")]
 
+    def test_an_unresolved_numeric_value_does_not_stop_the_other_rules(self):
+        verdict = check_launch(["--num-rollout", Unresolved("${N}", "N from env"), "--save-interval", "20"], "train.py")
+        assert [error for error, _ in verdict.errors] == [
+            "--save-interval 20 is set without --save, so there is nowhere to save. Add --save FOLDER, or drop "
+            "--save-interval."]
+
     def test_a_rule_that_needs_the_value_is_a_note_not_an_error(self):
         verdict = check_launch(["--save-interval", Unresolved("${N}", "N from env")], "train.py")
         assert verdict.status == "OK" and verdict.errors == []
