@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from miles.utils.hf import quiet_transformers_progress
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 TRAINER_STATE_FILE = "trainer_state.pt"
 TOKENIZER_FILE_PATTERNS = ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")
@@ -35,7 +37,8 @@ def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict,
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.tmp-", dir=final.parent))
     try:
-        model.save_pretrained(staging, safe_serialization=True)
+        with quiet_transformers_progress():  # no "Writing model shards" bar per save in the middle of the run's bar
+            model.save_pretrained(staging, safe_serialization=True)
         if tokenizer_source is not None:
             _copy_tokenizer_files(Path(tokenizer_source), staging)
         torch.save(trainer_state, staging / TRAINER_STATE_FILE)

@@ -140,3 +140,12 @@ def test_roles_of_one_rollout_sit_side_by_side(tmp_path):
     save_role(str(tmp_path), 0, "critic", critic, _trainer_state(0), None)
     _assert_same_weights(actor, load_file(rollout_dir(str(tmp_path), 0) / "actor" / "model.safetensors"))
     _assert_same_weights(critic, load_file(rollout_dir(str(tmp_path), 0) / "critic" / "model.safetensors"))
+
+
+def test_a_save_prints_no_progress_bar_and_leaves_transformers_bars_as_they_were(tmp_path, capfd):
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.enable_progress_bar()
+    save_role(str(tmp_path), 0, "actor", _tiny_model(0), _trainer_state(0), None)
+    assert "Writing" not in capfd.readouterr().err  # transformers' "Writing model shards" bar
+    assert transformers_logging.is_progress_bar_enabled()
