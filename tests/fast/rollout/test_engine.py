@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from miles.rollout.engine import TorchRolloutEngine, left_pad
-from miles.utils.errors import MilesConfigError
+from miles.utils.errors import DivergenceError, MilesConfigError
 from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import SampleStatus
 
@@ -170,6 +170,14 @@ def test_load_weights_returns_the_fingerprint_and_stamps_the_version(embedded):
     assert [s.rollout_log_probs for s in after] != [s.rollout_log_probs for s in before]
     reference = _full_forward_log_probs(engine.model, after, 1.0)  # the new weights are the ones sampled with
     assert max(abs(a - b) for s, ref in zip(after, reference) for a, b in zip(s.rollout_log_probs, ref)) <= 1e-5
+
+
+def test_weights_that_give_infinite_logits_stop_with_divergence_not_a_sampling_error(embedded):
+    engine = TorchRolloutEngine(embedded.checkpoint_dir, seed=0)
+    state = {name: tensor * 1e30 for name, tensor in engine.model.state_dict().items()}  # finite, far too large
+    engine.load_weights(state, version=2)
+    with pytest.raises(DivergenceError, match="next-token probabilities are not finite.*lower --lr"):
+        engine.generate(MIXED_PROMPTS, 2, 1.0, 3, seed=0)
 
 
 def test_load_weights_rejects_a_different_architecture(embedded):
