@@ -100,15 +100,14 @@ class TrainingRun:
         cause = error.cause if isinstance(getattr(error, "cause", None), MilesRunError) else error
         if isinstance(cause, RunInterrupted):  # a second signal: stop at once, its message names the checkpoint
             return cause
-        saved = False
-        if self.args.save and self.last_finished_rollout is not None:
-            if self._roles_hold(self.last_finished_rollout):
-                self.save(self.last_finished_rollout)
-                saved = True
+        last, note = self.last_finished_rollout, ""
+        if self.args.save and last is not None:
+            if self._roles_hold(last):
+                self.save(last)
             else:
-                logger.warning("not saving rollout %d: a train process already changed its weights in the next "
-                               "rollout", self.last_finished_rollout)
-        cause.args = (f"{cause} {checkpoint_note(self.args, saved)}",)
+                note = f"Rollout {last} is not saved: a train process had already stepped on rollout {last + 1}. "
+        saved = self.args.save and last is not None and self.last_saved_rollout == last
+        cause.args = (f"{cause} {note}{checkpoint_note(self.args, saved)}",)
         return cause
 
     def interrupted(self) -> RunInterrupted:
