@@ -57,7 +57,8 @@ class StopRequest:
                   file=sys.stderr, flush=True)
             return
         raise RunInterrupted(
-            f"{signal.Signals(signum).name} received twice: stopped at once; the rollout in progress is not saved. "
+            f"{signal.Signals(signum).name} received after {self.name}: stopped at once; the rollout in progress is "
+            "not saved. "
             f"{self.checkpoint_note()}",
             signum,
         )

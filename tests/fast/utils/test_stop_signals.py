@@ -19,8 +19,8 @@ def test_first_signal_is_recorded_and_the_second_stops_at_once(capsys, signum, s
         with pytest.raises(RunInterrupted) as caught:
             os.kill(os.getpid(), signum)
     assert caught.value.exit_status == status
-    assert str(caught.value) == (f"{stop.name} received twice: stopped at once; the rollout in progress is not "
-                                 "saved. The latest checkpoint is rollout 4.")
+    assert str(caught.value) == (f"{stop.name} received after {stop.name}: stopped at once; the rollout in progress "
+                                 "is not saved. The latest checkpoint is rollout 4.")
     assert signal.getsignal(signum) is previous  # restored after the run
 
 
