@@ -17,7 +17,8 @@ import ray
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.rm import get_reward_fn
-from miles.utils.errors import REPORT_BUG, OffPolicyGuardError
+from miles.utils.divergence import check_finite_weights
+from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
 
 
@@ -54,6 +55,7 @@ class RolloutManager:
         """Load ``{"version", "fingerprint", "state_dict"}`` into every engine, and check that each engine's
         fingerprint of the weights it loaded equals the trainer's (the guard checks it again on every sample)."""
         start = time.perf_counter()
+        check_finite_weights(f"weight version {payload['version']}", payload["fingerprint"])  # NaN != NaN below
         fingerprints = ray.get(
             [engine.load_weights.remote(payload["state_dict"], payload["version"]) for engine in self.engines]
         )
@@ -77,7 +79,13 @@ class RolloutManager:
             for index, (engine, share) in enumerate(zip(self.engines, shares, strict=True))
             if share
         ]
-        samples = [sample for share in ray.get(futures) for sample in share]
+        try:
+            generated = ray.get(futures)
+        except DivergenceError as error:  # an engine's error arrives wrapped; name the rollout and the weights
+            raise DivergenceError(
+                f"rollout {rollout_id}, weight version {self.weight_version}: {getattr(error, 'cause', error)}"
+            ) from None
+        samples = [sample for share in generated for sample in share]
         for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
             sample.index, sample.group_index = index, index // n_samples
             sample.reward = self.reward_fn(sample.prompt, sample.response, sample.label)

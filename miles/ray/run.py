@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import ray
-import torch
 
-from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
 from miles.ray.cluster import (
@@ -29,9 +28,10 @@ from miles.ray.cluster import (
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
 from miles.utils import off_policy
-from miles.utils.errors import OffPolicyGuardError
+from miles.utils.errors import MilesRunError, ProcessDiedError, RunInterrupted
 from miles.utils.plot import plot_run
 from miles.utils.preflight import check_rollouts_left, preflight
+from miles.utils.stop_signals import StopRequest
 from miles.utils.tracking import MetricsTracker, default_log_dir, format_summary
 
 logger = logging.getLogger("miles")
@@ -62,14 +62,38 @@ class TrainingRun:
     critic: object | None
     tracker: MetricsTracker
     start_rollout_id: int
+    stop_request: StopRequest = field(default_factory=StopRequest)
     last_finished_rollout: int | None = None
     last_saved_rollout: int | None = None
+    stop_after_rollout: int | None = None  # decided once per rollout, so its save and the driver's break agree
 
-    def save_on_guard_error(self, error: OffPolicyGuardError) -> None:
-        """A guard violation stops the run; the last rollout that trained cleanly is saved first (with --save)."""
-        logger.error("runtime guard: %s", getattr(error, "cause", None) or error)
-        if self.args.save and self.last_finished_rollout is not None:
-            self.save(self.last_finished_rollout)
+    def stopped(self, error: MilesRunError) -> MilesRunError:
+        """A guard, divergence or drift stop: save the last rollout that finished (with --save) if every train
+        process still holds its weights, and return the error (unwrapped from Ray) ending with the checkpoint."""
+        cause = error.cause if isinstance(getattr(error, "cause", None), MilesRunError) else error
+        if isinstance(cause, RunInterrupted):  # a second signal: stop at once, its message names the checkpoint
+            return cause
+        last, note = self.last_finished_rollout, ""
+        if self.args.save and last is not None:
+            if self._roles_hold(last):
+                self.save(last)
+            else:
+                note = f"Rollout {last} is not saved: a train process had already stepped on rollout {last + 1}. "
+        saved = self.args.save and last is not None and self.last_saved_rollout == last
+        cause.args = (f"{cause} {note}{checkpoint_note(self.args, saved)}",)
+        return cause
+
+    def interrupted(self) -> RunInterrupted:
+        """The stop the first SIGINT/SIGTERM asked for, after the rollout in progress finished and was saved."""
+        after = "before any rollout finished" if self.last_finished_rollout is None else (
+            f"after rollout {self.last_finished_rollout}")
+        saved_now = self.last_saved_rollout is not None and self.last_saved_rollout == self.last_finished_rollout
+        note = checkpoint_note(self.args, saved_now)
+        return RunInterrupted(f"{self.stop_request.name} received: stopped {after}. {note}", self.stop_request.signum)
+
+    def _roles_hold(self, rollout_id: int) -> bool:
+        roles = [self.actor] + ([self.critic] if self.critic is not None else [])
+        return all(held == rollout_id for held in ray.get([role.trained_rollout_id.remote() for role in roles]))
 
     @staticmethod
     def wait(refs):
@@ -107,6 +131,8 @@ class TrainingRun:
     def finish_rollout(self, rollout_id: int, metrics: list[dict]) -> None:
         """Save and evaluate when due, log the rollout's metrics, and stop if the policy drifted past --max-behavior-kl."""
         merged = {name: value for part in metrics for name, value in part.items()}
+        if self.stop_after_rollout is None and self._stop_requested(rollout_id):
+            self.stop_after_rollout = rollout_id
         if self._due(self.args.eval_interval, rollout_id):
             merged.update(ray.get(self.rollout_manager.evaluate.remote(rollout_id)))
         if self.args.save and (self._due(self.args.save_interval, rollout_id) or self._is_last(rollout_id)):
@@ -130,13 +156,41 @@ class TrainingRun:
         logger.info("saved rollout %d to %s", rollout_id, self.args.save)
 
     def should_stop(self, rollout_id: int) -> bool:
-        return self.args.debug_exit_after_rollout is not None and rollout_id >= self.args.debug_exit_after_rollout
+        return rollout_id == self.stop_after_rollout
+
+    def _stop_requested(self, rollout_id: int) -> bool:
+        """A first SIGINT/SIGTERM arrived, or --debug-exit-after-rollout is reached."""
+        debug_exit = self.args.debug_exit_after_rollout
+        return self.stop_request.signum is not None or (debug_exit is not None and rollout_id >= debug_exit)
 
     def _due(self, interval: int | None, rollout_id: int) -> bool:
         return bool(interval) and (rollout_id + 1) % interval == 0
 
     def _is_last(self, rollout_id: int) -> bool:
         return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
+
+
+_ROLE_OF_CLASS = {"PolicyTrainer": "the actor (policy trainer)", "ValueTrainer": "the critic",
+                  "TorchRolloutEngine": "a rollout engine", "RolloutManager": "the rollout manager"}
+
+
+def checkpoint_note(args, saved_now: bool = False) -> str:
+    """What --save holds now, the user's next step after a stop."""
+    latest = checkpoint.latest_rollout_id(args.save) if args.save else None
+    if not args.save:
+        return "Nothing is saved (no --save)."
+    if latest is None:
+        return f"No checkpoint in --save {args.save} yet."
+    return (f"{'Saved' if saved_now else 'The latest checkpoint is'} rollout {latest} in {args.save}; resume with "
+            f"--load {args.save}.")
+
+
+def _process_died(error: Exception, args, last_finished_rollout: int | None) -> ProcessDiedError:
+    """One line for a Ray process that died mid-run: which role (from Ray's report of the dead actor's class)."""
+    classes = re.findall(r"class_name: (\w+)", str(error))
+    role = _ROLE_OF_CLASS.get(classes[0], classes[0]) if classes else "a process that held the run's data"
+    when = "during start-up" if last_finished_rollout is None else f"after rollout {last_finished_rollout}"
+    return ProcessDiedError(f"{role} process died {when}; the run stopped. {checkpoint_note(args)}")
 
 
 def _create_trainers(args, placement: Placement):
@@ -164,8 +218,11 @@ def training_run(args, driver: str):
     _derive_num_rollout(args, num_prompts=preflight(args))
     check_rollouts_left(args)
     num_bundles = count_bundles(args.rollout_num_engines, args.use_critic, args.colocate)
-    with ray_session(args.ray_address, num_cpus=num_bundles):
+    stop_request = StopRequest(lambda: checkpoint_note(args))
+    # Signals are handled inside the Ray session: ray.init installs Ray's handlers, handled() replaces them.
+    with ray_session(args.ray_address, num_cpus=num_bundles), stop_request.handled():
         placement = create_placement(args.rollout_num_engines, args.use_critic, args.colocate, args.ray_placement_timeout)
+        run = None
         try:
             rollout_manager = create_rollout_manager(args, placement)
             actor, critic = _create_trainers(args, placement)
@@ -175,14 +232,19 @@ def training_run(args, driver: str):
             ray.get(rollout_manager.load_weights.remote(actor.export_weights.remote(start_rollout_id)))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:
-                run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id)
+                run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id, stop_request)
                 try:
                     yield run
-                except OffPolicyGuardError as error:
-                    run.save_on_guard_error(error)
-                    raise
+                except MilesRunError as error:
+                    raise run.stopped(error) from None
             print(format_summary(tracker.close()))
             for path in plot_run(args.log_dir):
                 print(f"plot: {path}")
+            if stop_request.signum is not None:
+                raise run.interrupted()
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+            if getattr(error, "actor_init_failed", False):
+                raise  # an error in an actor's __init__: run_cli reports it as the error it is
+            raise _process_died(error, args, run and run.last_finished_rollout) from None
         finally:
             placement.release()

@@ -18,6 +18,7 @@ import math
 import torch
 
 from miles.rollout.prompt_tokens import encode_prompts
+from miles.utils.divergence import check_finite_sampling
 from miles.utils.errors import MilesConfigError
 from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.hf import load_causal_lm, load_tokenizer
@@ -149,6 +150,7 @@ def sample_with_kv_cache(
     step_tokens, step_log_probs = [], []
     for step in range(max_new_tokens):
         log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+        check_finite_sampling(bool(torch.isfinite(log_probs).all()))  # diverged weights: one line, not multinomial's
         tokens = torch.multinomial(log_probs.exp(), num_samples=1, generator=generator)  # (B, 1)
         step_tokens.append(tokens.squeeze(1))
         step_log_probs.append(log_probs.gather(1, tokens).squeeze(1))

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from miles.utils.errors import MilesConfigError
+from miles.utils.hf import quiet_transformers_progress
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -37,7 +38,8 @@ def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict,
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.tmp-", dir=final.parent))
     try:
-        model.save_pretrained(staging)
+        with quiet_transformers_progress():  # no "Writing model shards" bar per save in the middle of the run's bar
+            model.save_pretrained(staging)
         if tokenizer_source is not None:
             _copy_tokenizer_files(Path(tokenizer_source), staging)
         torch.save(trainer_state, staging / TRAINER_STATE_FILE)

@@ -11,6 +11,7 @@ are already scaled by the whole step's divisor, so the gradient does not depend 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import resource
 import time
@@ -31,6 +32,8 @@ from miles.backends.training_utils.loss import (
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
 from miles.utils import off_policy
+from miles.utils.divergence import check_finite_step, check_finite_weights
+from miles.utils.errors import DivergenceError
 from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import RolloutBatch, Sample
 
@@ -50,12 +53,14 @@ def run_optimizer_steps(
     per_token: bool,
     clip_grad: float,
     micro_batch_loss: Callable[[list[int], float], tuple[torch.Tensor, dict[str, float]]],
+    where: str = "training",
 ) -> dict[str, float]:
     """Optimizer steps over consecutive global batches of sample indices, accumulating micro-batch gradients.
 
     ``micro_batch_loss(indices, divisor)`` returns a loss already divided by the step's divisor;
-    ``clip_grad_norm(max_norm)`` clips the accumulated gradients and returns their norm. Metrics are
-    averaged over samples (each micro-batch's metrics weighted by its size); ``grad_norm`` over steps.
+    ``clip_grad_norm(max_norm)`` clips the accumulated gradients and returns their norm. Metrics are averaged over
+    samples (each micro-batch's metrics weighted by its size); ``grad_norm`` over steps. A non-finite loss or
+    gradient norm raises ``DivergenceError`` (naming ``where``) before its step is applied.
     """
     num_samples = len(loss_masks)
     totals: dict[str, float] = {}
@@ -64,13 +69,16 @@ def run_optimizer_steps(
         step = list(range(step_start, min(step_start + global_batch_size, num_samples)))
         divisor = step_divisor([loss_masks[i] for i in step], per_token)
         optimizer.zero_grad(set_to_none=True)
+        step_loss = 0.0
         for micro_start in range(0, len(step), micro_batch_size):
             micro = step[micro_start : micro_start + micro_batch_size]
             loss, metrics = micro_batch_loss(micro, divisor)
             loss.backward()
+            step_loss += float(loss.detach())
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * len(micro)
         grad_norms.append(clip_grad_norm(clip_grad))
+        check_finite_step(where, len(grad_norms) - 1, step_loss, grad_norms[-1])
         optimizer.step()
     averaged = {name: total / num_samples for name, total in totals.items()}
     averaged["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -87,6 +95,27 @@ class _TrainProcess:
         self.model = model
         self.model.module.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.trained_rollout: int | None = None  # the rollout whose training the live weights hold; None part-way
+
+    def trained_rollout_id(self) -> int | None:
+        """The rollout whose training the live weights hold (None: part-way through one), for a save on a stop."""
+        return self.trained_rollout
+
+    def _optimizer_steps(self, rollout_id: int, loss_masks: Tensors, micro_batch_loss) -> dict[str, float]:
+        """``run_optimizer_steps`` on this process's model and flags, keeping ``trained_rollout`` true."""
+        previous, self.trained_rollout = self.trained_rollout, None
+        try:
+            metrics = run_optimizer_steps(
+                self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
+                self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
+                where=f"rollout {rollout_id}, {self.role}",
+            )
+        except DivergenceError as error:
+            if not error.weights_changed:
+                self.trained_rollout = previous
+            raise
+        self.trained_rollout = rollout_id
+        return metrics
 
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
         state = {
@@ -162,6 +191,7 @@ class PolicyTrainer(_TrainProcess):
         if state is None:
             return self.args.start_rollout_id or 0
         self.weight_version = state["weight_version"]
+        self.trained_rollout = state["rollout_id"]
         return self.args.start_rollout_id if self.args.start_rollout_id is not None else state["rollout_id"] + 1
 
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
@@ -173,6 +203,9 @@ class PolicyTrainer(_TrainProcess):
         self.weight_version += 1
         state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
         fingerprint = weights_fingerprint(state_dict)
+        if not math.isfinite(fingerprint):
+            self.trained_rollout = None  # non-finite weights are no rollout's to save
+        check_finite_weights(f"weight version {self.weight_version} (after {rollouts_trained} rollouts)", fingerprint)
         self.version_to_rollouts_trained[self.weight_version] = rollouts_trained
         self.pushed_fingerprints[self.weight_version] = fingerprint
         if self.snapshots is not None:
@@ -274,6 +307,8 @@ class PolicyTrainer(_TrainProcess):
         metrics["perf/guard_s"] = self._guard_s
         metrics["perf/prepare_s"] = time.perf_counter() - start
         self._prepared = _PreparedRollout(rollout_id, samples, batch, metrics)
+        if rollout_id < self.args.num_critic_only_steps:
+            self.trained_rollout = rollout_id  # a critic-only rollout leaves the actor's weights as they are
         return metrics
 
     def train(self, rollout_id: int, guard_report=None) -> dict[str, float]:
@@ -298,10 +333,7 @@ class PolicyTrainer(_TrainProcess):
                     first_step_log_probs[i] = lp.detach()
             return policy_loss(self.loss_config, _select(batch, indices), log_probs, entropy, divisor)
 
-        metrics = run_optimizer_steps(
-            self.model.clip_grad_norm, self.optimizer, batch["loss_masks"], self.args.global_batch_size, self.args.micro_batch_size,
-            self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
-        )
+        metrics = self._optimizer_steps(rollout_id, batch["loss_masks"], micro_batch_loss)
         metrics = {f"train/{name}": value for name, value in metrics.items()}
         first = sorted(first_step_log_probs)
         drift = off_policy.policy_vs_behavior(
@@ -329,8 +361,9 @@ class ValueTrainer(_TrainProcess):
         self.loss_config = LossConfig.from_args(args)
 
     def init(self) -> None:
-        if self.args.critic_load:
-            self._load_trainer_state(self.args.critic_load)
+        state = self._load_trainer_state(self.args.critic_load) if self.args.critic_load else None
+        if state is not None:
+            self.trained_rollout = state["rollout_id"]
 
     def compute_values(self, rollout: RolloutBatch) -> Tensors:
         """V_t of every response token under the current critic, before this rollout's steps (the "old" values)."""
@@ -353,8 +386,5 @@ class ValueTrainer(_TrainProcess):
             values = self.model.response_values([samples[i] for i in indices])
             return value_loss(self.loss_config, _select(batch, indices), values, divisor)
 
-        metrics = run_optimizer_steps(
-            self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
-            self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
-        )
+        metrics = self._optimizer_steps(rollout_id, loss_masks, micro_batch_loss)
         return {f"critic/{name}": value for name, value in metrics.items()}

@@ -151,3 +151,12 @@ def test_resuming_needs_the_backend_that_saved_the_optimizer_state(tmp_path):
     with pytest.raises(MilesConfigError, match="saved with --train-backend torch") as caught:
         check_same_train_backend({"train_backend": "torch"}, role_dir, "megatron")
     assert f"--hf-checkpoint {role_dir}" in str(caught.value)  # the way to keep the weights
+
+
+def test_a_save_prints_no_progress_bar_and_leaves_transformers_bars_as_they_were(tmp_path, capfd):
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.enable_progress_bar()
+    save_role(str(tmp_path), 0, "actor", _tiny_model(0), _trainer_state(0), None)
+    assert "Writing" not in capfd.readouterr().err  # transformers' "Writing model shards" bar
+    assert transformers_logging.is_progress_bar_enabled()

@@ -1,11 +1,16 @@
 """The train actor without Ray: ``run_optimizer_steps`` against optimizer steps written out by hand on a toy
 linear model, and ``PolicyTrainer`` in-process on the embedded default with a real ``TorchRolloutEngine``."""
 
+import copy
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from miles.backends.training_utils.train_model import TrainModel
-from miles.backends.training_utils.train_process import run_optimizer_steps
+from miles.backends.training_utils.train_process import _TrainProcess, run_optimizer_steps
+from miles.utils.errors import DivergenceError
 from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, train_on, weights
 
 LR = 0.1
@@ -123,6 +128,86 @@ def test_metrics_are_sample_weighted_means(micro_batch_size, global_batch_size):
         initial = _sample_losses(_toy_model(), features, targets, masks, range(8), per_token=False)
     if global_batch_size == 8:  # one step: every micro-batch's loss is taken at the initial parameters
         assert metrics["sample_loss"] == pytest.approx(float(torch.stack(initial).mean()), rel=1e-6)
+
+
+def _diverging_run(global_batch_size: int, first_bad_sample: int, poison: float):
+    """Like ``_run`` with SGD, but every sample from ``first_bad_sample`` on adds ``poison`` (nan or inf) to the loss
+    through a weight, so the loss and gradient become non-finite from the step that holds that sample."""
+    features, targets, masks = _toy_data()
+    model = _toy_model()
+    before = copy.deepcopy(model)
+
+    def micro_batch_loss(indices, divisor):
+        losses = torch.stack(_sample_losses(model, features, targets, masks, indices, per_token=False))
+        poisoned = poison * model.bias.abs().sum() if max(indices) >= first_bad_sample else 0.0
+        return (losses.sum() + poisoned) / divisor, {}
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with pytest.raises(DivergenceError) as caught:
+        run_optimizer_steps(TrainModel(model).clip_grad_norm, optimizer, masks, global_batch_size, 3, False, 1.0,
+                            micro_batch_loss, where="rollout 7, actor")
+    return model, before, caught.value
+
+
+@pytest.mark.parametrize("poison, metric", [(float("nan"), "loss is nan"), (float("inf"), "loss is inf")])
+def test_a_non_finite_loss_stops_before_its_step_changes_any_weight(poison, metric):
+    model, before, error = _diverging_run(global_batch_size=8, first_bad_sample=5, poison=poison)
+    assert f"rollout 7, actor: the {metric} at optimizer step 1, before it was applied" in str(error)
+    assert "lower --lr" in str(error) and not error.weights_changed
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before.state_dict()[name]), name
+
+
+def test_a_non_finite_gradient_norm_with_a_finite_loss_is_caught_too():
+    model = _toy_model()
+    masks = _toy_data()[2]
+
+    def micro_batch_loss(indices, divisor):  # value 0, gradient 0·∞ = nan through sqrt at 0
+        return torch.sqrt(model.bias.sum() * 0).sum(), {}
+
+    with pytest.raises(DivergenceError, match="the gradient norm is nan at optimizer step 1"):
+        run_optimizer_steps(TrainModel(model).clip_grad_norm, torch.optim.SGD(model.parameters(), lr=LR), masks, 8,
+                            8, False, 1.0, micro_batch_loss)
+
+
+def test_divergence_in_a_later_step_says_the_weights_already_changed():
+    model, _, error = _diverging_run(global_batch_size=4, first_bad_sample=4, poison=float("nan"))
+    assert "at optimizer step 2" in str(error) and error.weights_changed
+    expected, _ = _reference_steps(global_batch_size=4, per_token=False, clip_grad=1.0)
+    first_step_only = _reference_after_one_step(clip_grad=1.0)
+    _assert_same_parameters(model, first_step_only)  # the finite first step was applied, the second was not
+    assert not torch.allclose(expected.weight, first_step_only.weight)
+
+
+def _reference_after_one_step(clip_grad: float) -> torch.nn.Module:
+    features, targets, masks = _toy_data()
+    model = _toy_model()
+    (sum(_sample_losses(model, features, targets, masks, range(4), per_token=False)) / 4).backward()
+    norm = float(torch.sqrt(sum((p.grad**2).sum() for p in model.parameters())))
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= LR * min(1.0, clip_grad / (norm + 1e-6)) * p.grad
+    return model
+
+
+@pytest.mark.parametrize("first_bad_sample, still_holds", [(0, 3), (4, None), (8, 4)])
+def test_a_train_process_knows_which_rollout_its_weights_hold(first_bad_sample, still_holds):
+    """What a save on a stop relies on: 3 before rollout 4; kept when rollout 4 diverged before changing weights."""
+    features, targets, masks = _toy_data()
+    args = SimpleNamespace(global_batch_size=4, micro_batch_size=4, calculate_per_token_loss=False, clip_grad=1.0)
+    process = _TrainProcess(args, TrainModel(_toy_model()), lr=LR, num_threads=torch.get_num_threads())
+    process.trained_rollout = 3
+
+    def micro_batch_loss(indices, divisor):
+        losses = torch.stack(_sample_losses(process.model.module, features, targets, masks, indices, per_token=False))
+        return losses.sum() / divisor * (math.nan if max(indices) >= first_bad_sample else 1.0), {}
+
+    if first_bad_sample < len(masks):
+        with pytest.raises(DivergenceError):
+            process._optimizer_steps(4, masks, micro_batch_loss)
+    else:
+        process._optimizer_steps(4, masks, micro_batch_loss)
+    assert process.trained_rollout_id() == still_holds
 
 
 # ---------------------------------------------------------------------------------------------------------------

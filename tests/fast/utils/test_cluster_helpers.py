@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from miles.ray.cluster import count_bundles
-from miles.ray.rollout_manager import _split, rollout_seed
+from miles.ray.rollout_manager import RolloutManager, _split, rollout_seed
+from miles.utils.errors import DivergenceError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,3 +58,9 @@ def test_split_is_contiguous_nearly_equal_and_keeps_order(num_items, parts):
     assert [item for share in shares for item in share] == items  # contiguous and in order, nothing lost
     sizes = [len(share) for share in shares]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_push_of_non_finite_weights_is_divergence_before_any_engine_loads_it():
+    manager = object.__new__(RolloutManager)  # no engines: the check comes before they are asked
+    with pytest.raises(DivergenceError, match="weight version 3: .* no longer finite"):
+        manager.load_weights({"version": 3, "fingerprint": float("nan"), "state_dict": {}})

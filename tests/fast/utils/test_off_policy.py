@@ -16,7 +16,7 @@ import torch
 
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.utils.arguments import parse_args
-from miles.utils.errors import MilesConfigError, OffPolicyGuardError
+from miles.utils.errors import DivergenceError, MilesConfigError, OffPolicyGuardError
 from miles.utils.off_policy import (
     BehaviorDriftError,
     check_behavior_kl,
@@ -257,6 +257,17 @@ def test_check_snapshot_provenance():
     # Right label, wrong weights: caught by the fingerprint recomputed from the snapshot.
     wrong_weights = _guard_message(check_snapshot_provenance, 9, 3, 1.5, 3, 1.75)
     assert "1.5" in wrong_weights and "1.75" in wrong_weights and BUG_NOTICE in wrong_weights
+
+
+@pytest.mark.parametrize("engine_fingerprint, pushed_fingerprint", [(math.nan, math.nan), (math.inf, math.inf),
+                                                                   (math.nan, 2.0), (2.0, math.nan)])
+def test_non_finite_fingerprints_are_divergence_not_a_miles_bug(engine_fingerprint, pushed_fingerprint):
+    """NaN != NaN: diverged weights must not read as 'the engine did not load the pushed weights'."""
+    with pytest.raises(DivergenceError, match=r"rollout 8, weight version 2: .* weights are no longer finite") as caught:
+        check_engine_loaded_pushed_weights(8, [2], [engine_fingerprint], {2: pushed_fingerprint})
+    assert "lower --lr" in str(caught.value) and BUG_NOTICE not in str(caught.value)
+    with pytest.raises(DivergenceError, match="rollout 9, weight version 2"):
+        check_snapshot_provenance(9, 2, engine_fingerprint, 2, pushed_fingerprint)
 
 
 def test_check_snapshot_count():
