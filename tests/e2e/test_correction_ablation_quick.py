@@ -31,7 +31,8 @@ def test_quick_mode_runs_every_arm_and_logs_its_metrics(tmp_path, embedded_cache
     assert result.stdout.strip().splitlines()[-1].startswith("final eval accuracy relative to sync PPO")
     assert (tmp_path / "correction_ablation.png").stat().st_size > 0
     runs = json.loads((tmp_path / "RESULTS.json").read_text())["runs"]
-    expected = {ablation.arm_label(arm, interval) for arm, interval in ablation.arm_configs(ablation.QUICK["intervals"])}
+    quick_configs = ablation.arm_configs(ablation.QUICK["intervals"])
+    expected = {ablation.arm_label(arm, interval) for arm, interval in quick_configs}
     assert set(runs) == expected and len(expected) == len(ablation.ARMS)
     for label, seeds in runs.items():
         records = seeds["0"]

@@ -58,9 +58,10 @@ def _record(rollout_id, time, **metrics):
 def test_run_numbers_reads_the_last_eval_the_last_rewards_and_run_means():
     records = [_record(k, 10.0 + 0.5 * k, **{"rollout/reward_mean": k / 20, "train/pg_clipfrac": 0.1 * (k % 2)})
                for k in range(20)]
-    records[4]["eval/accuracy"], records[19]["eval/accuracy"] = 0.25, 0.5
+    for rollout_id, accuracy in [(4, 0.9), (9, 0.25), (14, 0.5), (19, 0.6)]:
+        records[rollout_id]["eval/accuracy"] = accuracy
     numbers = ablation.run_numbers(records)
-    assert numbers["final eval"] == 0.5
+    assert numbers["final eval"] == pytest.approx(0.45)  # the last three evaluations: (0.25 + 0.5 + 0.6) / 3
     assert numbers["reward"] == pytest.approx(sum(range(10, 20)) / 20 / 10)  # the last 10 rollouts
     assert numbers["clip frac"] == pytest.approx(0.05)  # 0 and 0.1, alternating
     assert numbers["wall ms"] == pytest.approx(500.0)
