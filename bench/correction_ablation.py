@@ -244,21 +244,23 @@ def draw_figure(results: dict, path: Path) -> Path:
             if label.endswith(f" N={interval}"):
                 panel[label.removesuffix(f" N={interval}")] = eval_curves(seeds)
         panels[f"--update-weights-interval {interval}"] = panel
-    settings = results["settings"]
-    title = (f"eval accuracy (held-out, sampled), mean and min-max over {settings['seeds']} seed(s); "
+    counts = sorted({len(seeds) for seeds in results["runs"].values()})  # a stopped run: some arms have fewer
+    seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    title = (f"eval accuracy (held-out, sampled), mean and min-max over {seeds} seed(s); "
              f"{STEPS_PER_ROLLOUT} optimizer steps per rollout")
-    return plot_bands(panels, path, "eval accuracy", title)
+    return plot_bands(panels, path, "eval accuracy", title, reference=REFERENCE)
 
 
 def report(results: dict, figure_path: Path) -> list[str]:
-    settings = results["settings"]
+    """The printed result: the settings, the table, the figure's path and (last) the headline."""
     rows, headline = report_rows(results)
+    figure = draw_figure(results, figure_path)
     return [
-        f"settings: {json.dumps(settings)}",
+        f"settings: {json.dumps(results['settings'])}",
         f"{UNCORRECTED_PPO}: async PPO with the contract switched off inside this benchmark's process only",
-        f"mean ± sd over seeds; 'beyond spread': |mean - sync PPO mean| > 2 standard errors of the difference",
+        "mean ± sd over seeds; 'beyond spread': |mean - sync PPO mean| > 2 standard errors of the difference",
         *rows,
-        f"figure: {draw_figure(results, figure_path)}",
+        f"figure: {figure}",
         headline,
     ]
 

@@ -107,11 +107,12 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
 
 def plot_bands(panels: dict[str, dict[str, tuple[list[float], list[float], list[float], list[float]]]],
-               path: str | Path, ylabel: str, title: str) -> Path:
+               path: str | Path, ylabel: str, title: str, reference: str | None = None) -> Path:
     """One PNG of side-by-side subplots (one per panel), each with one line per series and its spread shaded.
 
     ``panels`` maps a subplot title to ``{series label: (x, mean, low, high)}``, e.g. the mean of several seeds'
-    curves and their min and max. Used by benchmarks that compare runs over seeds.
+    curves and their min and max; the series labelled ``reference`` (a baseline) is drawn black and dashed. Used
+    by benchmarks that compare runs over seeds.
     """
     width, height = SUBPLOT_SIZE_INCHES
     figure = Figure(figsize=(width * 1.4 * len(panels), height * 1.5 + 0.5), layout="constrained")
@@ -120,7 +121,8 @@ def plot_bands(panels: dict[str, dict[str, tuple[list[float], list[float], list[
     axes = figure.subplots(1, len(panels), squeeze=False, sharey=True).ravel()
     for axis, (panel_title, series) in zip(axes, panels.items()):
         for label, (x, mean, low, high) in series.items():
-            (line,) = axis.plot(x, mean, linewidth=1.2, label=label)
+            style = {"color": "black", "linestyle": "--"} if label == reference else {}
+            (line,) = axis.plot(x, mean, linewidth=1.2, label=label, **style)
             axis.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
         axis.set_title(panel_title, fontsize=10)
         axis.set_xlabel("rollout")
