@@ -17,13 +17,13 @@ so in its output. No flag or environment variable does this: a user cannot start
 
 For each arm it reports, as mean ± sample standard deviation over the seeds: the final eval accuracy (the
 held-out sampled accuracy, mean of the last three evaluations, the last at the last rollout) and its ratio to
-sync PPO, the reward (mean of the last 10
-rollouts), the policy-vs-behavior KL, the denominator-vs-behavior KL, the PPO clip fraction, the spread of the
-raw TIS weights exp(old - rollout) and their effective sample size (means over the rollouts), and the wall time
-per rollout (median gap between rollouts, after the first two). An arm differs from sync PPO "beyond the seed
-spread" when its mean final accuracy is more than two standard errors of the difference away
-(|delta| > 2 sqrt(sd_a^2/n_a + sd_ref^2/n_ref)). It draws the eval-accuracy curves (mean over seeds, min-max band)
-as one PNG, and the last line is the headline: final eval accuracy per arm relative to sync PPO.
+sync PPO, the reward (mean of the last 10 rollouts), the policy-vs-behavior KL, the denominator-vs-behavior KL,
+the PPO clip fraction, the spread of the raw TIS weights exp(old - rollout) and their effective sample size
+(means over the rollouts), and the wall time per rollout (median gap between rollouts, after the first two). A
+value differs from sync PPO's "beyond the seed spread" when the means are more than two standard errors of the
+difference apart (|delta| > 2 sqrt(sd_a^2/n_a + sd_ref^2/n_ref)); the table marks such accuracies and rewards
+with *. It draws the eval-accuracy curves (mean over seeds, min-max band) as one PNG, and the last line is the
+headline: final eval accuracy per arm relative to sync PPO.
 
 Every run's slimmed metrics are written to RESULTS.json in --out after each run, so a stopped benchmark keeps
 what it measured; ``--from-results`` prints the table and draws the figure from such a file without training.
@@ -198,26 +198,28 @@ def cell(values: list[float], digits: int) -> str:
     return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(values) > 1 else "")
 
 
+def compared_cell(values: list[float], reference: list[float], digits: int) -> str:
+    """``cell`` with `` *`` appended when the values differ from the reference's beyond the seed spread."""
+    return cell(values, digits) + (" *" if values is not reference and beyond_seed_spread(values, reference) else "")
+
+
 def report_rows(results: dict) -> tuple[list[str], str]:
     """A markdown table, one row per arm (sync PPO, then each interval's arms), and the headline line."""
     table = arm_numbers(results)
-    reference = table[REFERENCE]["final eval"]
-    ref_mean = statistics.fmean(reference)
-    header = ["arm", "seeds", "final eval acc", "vs sync", "beyond spread", "reward (last 10)", *RUN_MEANS,
-              "wall ms/rollout"]
+    reference = table[REFERENCE]
+    ref_mean = statistics.fmean(reference["final eval"])
+    header = ["arm", "seeds", "final eval acc", "vs sync", "reward (last 10)", *RUN_MEANS, "wall ms/rollout"]
     digits = {"pi-vs-behavior KL": 4, "denom-vs-behavior KL": 4, "clip frac": 3, "TIS w std": 3, "ESS": 3}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     ratios = []
     for label, columns in table.items():
         finals = columns["final eval"]
         ratio = statistics.fmean(finals) / ref_mean if finals and ref_mean > 0 else None
-        beyond = None if label == REFERENCE else beyond_seed_spread(finals, reference)
         if label != REFERENCE and ratio is not None:
             ratios.append(f"{label} {ratio:.2f}x")
-        row = [label, str(len(results["runs"][label])), cell(finals, 3),
-               "-" if ratio is None else f"{ratio:.2f}x", {None: "-", True: "yes", False: "no"}[beyond],
-               cell(columns["reward"], 3), *(cell(columns[c], digits[c]) for c in RUN_MEANS),
-               cell(columns["wall ms"], 0)]
+        row = [label, str(len(results["runs"][label])), compared_cell(finals, reference["final eval"], 3),
+               "-" if ratio is None else f"{ratio:.2f}x", compared_cell(columns["reward"], reference["reward"], 3),
+               *(cell(columns[c], digits[c]) for c in RUN_MEANS), cell(columns["wall ms"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     headline = f"final eval accuracy relative to sync PPO ({ref_mean:.3f}): " + "; ".join(ratios)
     return lines, headline
@@ -258,7 +260,7 @@ def report(results: dict, figure_path: Path) -> list[str]:
     return [
         f"settings: {json.dumps(results['settings'])}",
         f"{UNCORRECTED_PPO}: async PPO with the contract switched off inside this benchmark's process only",
-        "mean ± sd over seeds; 'beyond spread': |mean - sync PPO mean| > 2 standard errors of the difference",
+        "mean ± sd over seeds; * beyond the seed spread: |mean - sync PPO's| > 2 standard errors of the difference",
         *rows,
         f"figure: {figure}",
         headline,
