@@ -82,3 +82,10 @@ def test_eval_curves_take_mean_min_max_over_seeds_at_common_rollouts():
     x, mean, low, high = ablation.eval_curves(seeds)
     assert x == [9.0] and low == [0.2] and high == [0.3]
     assert math.isclose(mean[0], 0.25)
+
+
+def test_table_cells_mark_values_beyond_the_seed_spread():
+    reference = [0.4, 0.5, 0.6]
+    assert ablation.compared_cell([0.57, 0.67, 0.77], reference, 3) == "0.670 ± 0.100 *"
+    assert ablation.compared_cell([0.55, 0.65, 0.75], reference, 3) == "0.650 ± 0.100"
+    assert ablation.compared_cell(reference, reference, 3) == "0.500 ± 0.100"  # the reference row itself
