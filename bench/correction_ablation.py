@@ -73,6 +73,7 @@ QUICK = {"seeds": 1, "num_rollout": 4, "eval_interval": 2, "intervals": (4,),
 EVAL_KEY = "eval/accuracy"
 REWARD_KEY = "rollout/reward_mean"
 REWARD_WINDOW = 10
+FIGURE_DPI = 70  # keeps the committed figure under 200 KB
 FINAL_EVALS = 3  # the final accuracy averages the last evaluations: one eval of 160 samples has a sd of ~0.03
 WALL_WARMUP = 2  # rollouts left out of the wall time: start-up work (actors, the first push)
 RUN_MEANS = {  # column -> the metric averaged over a run's rollouts
@@ -225,32 +226,54 @@ def report_rows(results: dict) -> tuple[list[str], str]:
     return lines, headline
 
 
-def eval_curves(seeds: dict[str, list[dict]]) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(rollout ids, mean, min, max) of the eval accuracy over seeds, at the rollouts every seed evaluated."""
-    by_seed = [{r["rollout_id"]: r[EVAL_KEY] for r in records if r.get(EVAL_KEY) is not None}
-               for records in seeds.values()]
+Curve = tuple[list[float], list[float], list[float], list[float]]  # x, mean, min, max over seeds
+
+
+def over_seeds(by_seed: list[dict[int, float]]) -> Curve:
+    """(x, mean, min, max) over seeds of per-seed ``{rollout id: value}`` curves, at the ids every seed has."""
     common = sorted(set.intersection(*(set(curve) for curve in by_seed)))
     values = [[curve[x] for curve in by_seed] for x in common]
     return ([float(x) for x in common], [statistics.fmean(v) for v in values], [min(v) for v in values],
             [max(v) for v in values])
 
 
+def eval_curves(seeds: dict[str, list[dict]]) -> Curve:
+    """The eval accuracy over seeds, at the rollouts every seed evaluated."""
+    return over_seeds([{r["rollout_id"]: r[EVAL_KEY] for r in records if r.get(EVAL_KEY) is not None}
+                       for records in seeds.values()])
+
+
+def reward_curves(seeds: dict[str, list[dict]]) -> Curve:
+    """The reward over seeds, each seed's averaged over blocks of REWARD_WINDOW rollouts (x = a block's last id)."""
+    by_seed = []
+    for records in seeds.values():
+        blocks = [records[start:start + REWARD_WINDOW] for start in range(0, len(records), REWARD_WINDOW)]
+        rewards = [(block[-1]["rollout_id"], finite(r.get(REWARD_KEY) for r in block)) for block in blocks
+                   if len(block) == REWARD_WINDOW]
+        by_seed.append({rollout_id: statistics.fmean(values) for rollout_id, values in rewards if values})
+    return over_seeds(by_seed)
+
+
 def draw_figure(results: dict, path: Path) -> Path:
-    """Eval-accuracy curves, one panel per interval, sync PPO drawn in each (the project's plotting code)."""
+    """Reward and eval-accuracy curves, one column per interval, sync PPO drawn in each (the project's plotting
+    code)."""
     from miles.utils.plot import plot_bands
 
     panels = {}
-    for interval in results["settings"]["intervals"]:
-        panel = {REFERENCE: eval_curves(results["runs"][REFERENCE])}
-        for label, seeds in results["runs"].items():
-            if label.endswith(f" N={interval}"):
-                panel[label.removesuffix(f" N={interval}")] = eval_curves(seeds)
-        panels[f"--update-weights-interval {interval}"] = panel
+    intervals = results["settings"]["intervals"]
+    for metric, curves in ((f"reward (mean of {REWARD_WINDOW} rollouts)", reward_curves),
+                           ("eval accuracy (held-out)", eval_curves)):
+        for interval in intervals:
+            panel = {REFERENCE: curves(results["runs"][REFERENCE])}
+            for label, seeds in results["runs"].items():
+                if label.endswith(f" N={interval}"):
+                    panel[label.removesuffix(f" N={interval}")] = curves(seeds)
+            panels[f"{metric}, --update-weights-interval {interval}"] = panel
     counts = sorted({len(seeds) for seeds in results["runs"].values()})  # a stopped run: some arms have fewer
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    title = (f"eval accuracy (held-out, sampled), mean and min-max over {seeds} seed(s); "
-             f"{STEPS_PER_ROLLOUT} optimizer steps per rollout")
-    return plot_bands(panels, path, "eval accuracy", title, reference=REFERENCE)
+    title = (f"mean and min-max over {seeds} seed(s); {STEPS_PER_ROLLOUT} optimizer steps per rollout; "
+             "sampled at temperature 1")
+    return plot_bands(panels, path, title, columns=len(intervals), reference=REFERENCE, dpi=FIGURE_DPI)
 
 
 def report(results: dict, figure_path: Path) -> list[str]:

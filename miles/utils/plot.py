@@ -107,18 +107,22 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
 
 def plot_bands(panels: dict[str, dict[str, tuple[list[float], list[float], list[float], list[float]]]],
-               path: str | Path, ylabel: str, title: str, reference: str | None = None) -> Path:
-    """One PNG of side-by-side subplots (one per panel), each with one line per series and its spread shaded.
+               path: str | Path, title: str, columns: int | None = None, reference: str | None = None,
+               dpi: int = 100) -> Path:
+    """One PNG of subplots (one per panel, ``columns`` a row, default all in one row; the y-axis shared along a
+    row), each with one line per series and its spread shaded.
 
     ``panels`` maps a subplot title to ``{series label: (x, mean, low, high)}``, e.g. the mean of several seeds'
     curves and their min and max; the series labelled ``reference`` (a baseline) is drawn black and dashed. Used
     by benchmarks that compare runs over seeds.
     """
+    columns = columns or len(panels)
+    rows = math.ceil(len(panels) / columns)
     width, height = SUBPLOT_SIZE_INCHES
-    figure = Figure(figsize=(width * 1.4 * len(panels), height * 1.5 + 0.5), layout="constrained")
+    figure = Figure(figsize=(width * 1.4 * columns, height * 1.3 * rows + 0.5), layout="constrained")
     FigureCanvasAgg(figure)
     figure.suptitle(title, fontsize=10)
-    axes = figure.subplots(1, len(panels), squeeze=False, sharey=True).ravel()
+    axes = figure.subplots(rows, columns, squeeze=False, sharey="row").ravel()
     for axis, (panel_title, series) in zip(axes, panels.items()):
         for label, (x, mean, low, high) in series.items():
             style = {"color": "black", "linestyle": "--"} if label == reference else {}
@@ -127,9 +131,10 @@ def plot_bands(panels: dict[str, dict[str, tuple[list[float], list[float], list[
         axis.set_title(panel_title, fontsize=10)
         axis.set_xlabel("rollout")
         axis.grid(alpha=0.3)
-    axes[0].set_ylabel(ylabel)
-    axes[-1].legend(fontsize=7, loc="best")
-    figure.savefig(path, dpi=100)
+    for axis in axes[len(panels) :]:
+        axis.set_visible(False)
+    axes[columns - 1].legend(fontsize=7, loc="best")
+    figure.savefig(path, dpi=dpi)
     return Path(path)
 
 

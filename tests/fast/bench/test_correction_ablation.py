@@ -89,3 +89,12 @@ def test_table_cells_mark_values_beyond_the_seed_spread():
     assert ablation.compared_cell([0.57, 0.67, 0.77], reference, 3) == "0.670 ± 0.100 *"
     assert ablation.compared_cell([0.55, 0.65, 0.75], reference, 3) == "0.650 ± 0.100"
     assert ablation.compared_cell(reference, reference, 3) == "0.500 ± 0.100"  # the reference row itself
+
+
+def test_reward_curves_average_whole_blocks_of_rollouts_per_seed():
+    seeds = {"0": [_record(k, 0, **{"rollout/reward_mean": float(k)}) for k in range(25)],
+             "1": [_record(k, 0, **{"rollout/reward_mean": 0.0}) for k in range(20)]}
+    x, mean, low, high = ablation.reward_curves(seeds)
+    assert x == [9.0, 19.0]  # seed 0's last five rollouts make no whole block
+    assert low == [0.0, 0.0] and high == [4.5, 14.5]  # block means of 0..9 and 10..19
+    assert mean == [2.25, 7.25]
