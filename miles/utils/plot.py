@@ -7,8 +7,8 @@ Groups are the part of a metric name before the first ``/`` (``rollout``, ``eval
 at least one finite number are drawn; the line joins the rollouts that hold a value (eval runs every few
 rollouts; a NaN was written as null), with a marker on each point when there are few.
 ``plot_bands`` draws mean curves with a shaded spread, for benchmarks that compare runs over seeds
-(``bench/correction_ablation.py``). Figures are drawn on matplotlib's Agg canvas directly, so importing this module never touches pyplot or the
-user's backend.
+(``bench/correction_ablation.py``). Figures are drawn on matplotlib's Agg canvas directly, so importing this
+module never touches pyplot or the user's backend.
 """
 
 from __future__ import annotations
