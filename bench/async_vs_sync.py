@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -237,31 +238,41 @@ def parse_options(description: str, default_num_rollout: int, repeats_help: str)
     return options
 
 
-def run_schedule(schedule: list[tuple[str, str, list[str]]], options: argparse.Namespace,
-                 folder_prefix: str) -> tuple[dict[str, list[list[dict]]], list[dict]]:
-    """Run ``(name, driver, argv)`` in order, after a warm-up run, in one Ray session that is shut down on every
-    exit path, with run folders in a temporary folder (deleted unless --keep-logs).
-
-    Returns each name's metrics records (one list per run, names in first-run order) and Ray's task timeline.
-    """
+@contextlib.contextmanager
+def bench_session(keep_logs: bool, folder_prefix: str):
+    """One Ray session for a benchmark's runs, shut down on every exit path, and a temporary folder for their run
+    folders (yielded; deleted unless ``keep_logs``). The drivers' ``ray_session`` reuses this Ray, so actor
+    start-up is the only per-run cost."""
     sys.path.insert(0, str(REPO_ROOT))  # the drivers train.py and train_async.py live at the repository root
     import ray
 
     log_root = Path(tempfile.mkdtemp(prefix=folder_prefix))
-    records: dict[str, list[list[dict]]] = {}
     ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     try:
+        yield log_root
+    finally:
+        ray.shutdown()
+        if keep_logs:
+            print(f"[bench] run folders kept in {log_root}")
+        else:
+            shutil.rmtree(log_root, ignore_errors=True)
+
+
+def run_schedule(schedule: list[tuple[str, str, list[str]]], options: argparse.Namespace,
+                 folder_prefix: str) -> tuple[dict[str, list[list[dict]]], list[dict]]:
+    """Run ``(name, driver, argv)`` in order, after a warm-up run, in one ``bench_session``.
+
+    Returns each name's metrics records (one list per run, names in first-run order) and Ray's task timeline.
+    """
+    records: dict[str, list[list[dict]]] = {}
+    with bench_session(options.keep_logs, folder_prefix) as log_root:
+        import ray
+
         warm_up_run(log_root, options.extra)
         for index, (name, driver, argv) in enumerate(schedule):
             log_dir = log_root / f"{index:02d}-{name.replace('+', '-')}"
             records.setdefault(name, []).append(run_training(driver, argv, log_dir))
         events = ray.timeline()
-    finally:
-        ray.shutdown()
-        if options.keep_logs:
-            print(f"[bench] run folders kept in {log_root}")
-        else:
-            shutil.rmtree(log_root, ignore_errors=True)
     return records, events
 
 

@@ -6,8 +6,9 @@ Groups are the part of a metric name before the first ``/`` (``rollout``, ``eval
 ``perf``, then any other group in alphabetical order; names without a slash go to ``other``). Only metrics with
 at least one finite number are drawn; the line joins the rollouts that hold a value (eval runs every few
 rollouts; a NaN was written as null), with a marker on each point when there are few.
-Figures are drawn on matplotlib's Agg canvas directly, so importing this module never touches pyplot or the
-user's backend.
+``plot_bands`` draws mean curves with a shaded spread, for benchmarks that compare runs over seeds
+(``bench/correction_ablation.py``). Figures are drawn on matplotlib's Agg canvas directly, so importing this
+module never touches pyplot or the user's backend.
 """
 
 from __future__ import annotations
@@ -104,6 +105,38 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         _draw_group(group, {name: series[name] for name in names}, path)
         written.append(path)
     return written
+
+
+def plot_bands(panels: dict[str, dict[str, tuple[list[float], list[float], list[float], list[float]]]],
+               path: str | Path, title: str, columns: int | None = None, reference: str | None = None,
+               dpi: int = 100) -> Path:
+    """One PNG of subplots (one per panel, ``columns`` a row, default all in one row; the y-axis shared along a
+    row), each with one line per series and its spread shaded.
+
+    ``panels`` maps a subplot title to ``{series label: (x, mean, low, high)}``, e.g. the mean of several seeds'
+    curves and their min and max; the series labelled ``reference`` (a baseline) is drawn black and dashed. Used
+    by benchmarks that compare runs over seeds.
+    """
+    columns = columns or len(panels)
+    rows = math.ceil(len(panels) / columns)
+    width, height = SUBPLOT_SIZE_INCHES
+    figure = Figure(figsize=(width * 1.4 * columns, height * 1.3 * rows + 0.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    figure.suptitle(title, fontsize=10)
+    axes = figure.subplots(rows, columns, squeeze=False, sharey="row").ravel()
+    for axis, (panel_title, series) in zip(axes, panels.items()):
+        for label, (x, mean, low, high) in series.items():
+            style = {"color": "black", "linestyle": "--"} if label == reference else {}
+            (line,) = axis.plot(x, mean, linewidth=1.2, label=label, **style)
+            axis.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+        axis.set_title(panel_title, fontsize=10)
+        axis.set_xlabel("rollout")
+        axis.grid(alpha=0.3)
+    for axis in axes[len(panels) :]:
+        axis.set_visible(False)
+    axes[columns - 1].legend(fontsize=7, loc="best")
+    figure.savefig(path, dpi=dpi)
+    return Path(path)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -270,3 +270,48 @@ def test_each_combination_of_corrections_is_explained_once(flags, words):
 
     note = correction_combination_note(parse_args(argv=["--advantage-estimator", "ppo", *flags]))
     assert note is None if words is None else words in note
+
+
+class TestNothingOutsideTheCodeSwitchesTheContractOff:
+    """No flag and no environment variable lets a user start async PPO without a correction (issue 12: only a
+    benchmark, inside its own process, may switch the contract off)."""
+
+    def test_use_critic_is_derived_not_a_flag(self):
+        assert "use_critic" not in {action.dest for action in build_parser()._actions}
+
+    @pytest.mark.parametrize("flag", [
+        option for action in build_parser()._actions if action.nargs == 0 and action.dest != "help"
+        for option in action.option_strings
+    ])
+    def test_no_switch_flag_gives_async_ppo_without_a_correction(self, flag):
+        try:
+            args = parse_args(argv=["--advantage-estimator", "ppo", flag])
+        except MilesConfigError:
+            return  # rejected by another rule: no launch at all
+        corrected = any(getattr(args, name) for name in CORRECTION_FLAGS)
+        if not corrected:
+            with pytest.raises(AsyncOffPolicyCorrectionError):
+                validate_async_off_policy_correction(args)
+
+    def test_what_runs_before_the_contract_never_reads_the_environment(self):
+        # Every miles module `python train_async.py` has imported when the contract runs (found, not listed, so a
+        # new import is covered): if none reads os.environ, no variable can change the contract's verdict.
+        code = ("import sys, train_async\n"
+                "for name, module in sorted(sys.modules.items()):\n"
+                "    if (name == 'train_async' or name.startswith('miles')) and getattr(module, '__file__', None):\n"
+                "        print(module.__file__)")
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, check=True)
+        files = result.stdout.split()
+        assert any(path.endswith(os.path.join("miles", "utils", "arguments.py")) for path in files)
+        readers = [path for path in files if any(word in Path(path).read_text() for word in ("environ", "getenv"))]
+        assert readers == []
+
+    def test_a_hostile_environment_still_gets_the_contract_error(self):
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONOPTIMIZE": "2", "MILES_SKIP_CONTRACT": "1",
+               "MILES_ALLOW_UNCORRECTED_ASYNC_PPO": "1", "MILES_USE_TIS": "1", "USE_TIS": "1",
+               "MILES_CACHE_DIR": "/nonexistent", "RAY_ADDRESS": "127.0.0.1:1"}
+        result = subprocess.run([sys.executable, "train_async.py", "--advantage-estimator", "ppo"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=60, env=env)
+        assert result.returncode == 2
+        assert "error: Async PPO training requires an explicit behavior-policy correction" in result.stderr

@@ -9,7 +9,7 @@ import matplotlib.image
 import pytest
 
 from miles.utils.errors import MilesConfigError
-from miles.utils.plot import grouped_metrics, main, metric_series, plot_run
+from miles.utils.plot import grouped_metrics, main, metric_series, plot_bands, plot_run
 from miles.utils.tracking import MetricsTracker
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -67,6 +67,19 @@ def test_plot_run_writes_one_png_per_group_with_one_subplot_per_metric(tmp_path)
     eval_height, eval_width, _ = matplotlib.image.imread(run_dir / "plots" / "eval.png").shape
     assert (train_width, train_height) == (1200, 610)  # 4 metrics: 2 rows of 3
     assert (eval_width, eval_height) == (400, 330)  # 1 metric
+
+
+def test_plot_bands_draws_one_subplot_per_panel_side_by_side(tmp_path):
+    curve = ([0.0, 1.0, 2.0], [0.1, 0.2, 0.3], [0.05, 0.1, 0.2], [0.15, 0.3, 0.4])  # x, mean, low, high
+    one = plot_bands({"left": {"a": curve, "b": curve}}, tmp_path / "one.png", "title", reference="a")
+    two = plot_bands({"left": {"a": curve}, "right": {"a": curve}}, tmp_path / "two.png", "title")
+    grid = plot_bands({name: {"a": curve} for name in "abc"}, tmp_path / "grid.png", "title", columns=2)
+    one_height, one_width, _ = matplotlib.image.imread(one).shape
+    two_height, two_width, _ = matplotlib.image.imread(two).shape
+    grid_height, grid_width, _ = matplotlib.image.imread(grid).shape
+    assert one_height == two_height
+    assert two_width == 2 * one_width  # the figure's width scales with the panels in a row
+    assert grid_width == two_width and grid_height > one_height  # three panels, two a row: two rows
 
 
 def test_plot_run_writes_into_out_dir_when_given(tmp_path):
