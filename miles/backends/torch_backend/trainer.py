@@ -35,7 +35,9 @@ Tensors = list[torch.Tensor]
 
 
 def _as_tensors(rows, dtype=torch.float32) -> Tensors:
-    return [torch.tensor(row, dtype=dtype) for row in rows]
+    """One 1-D tensor per row, split from one tensor: one conversion per rollout, not one per sample."""
+    rows = list(rows)
+    return list(torch.tensor([value for row in rows for value in row], dtype=dtype).split([len(r) for r in rows]))
 
 
 def run_optimizer_steps(
