@@ -176,8 +176,11 @@ class PolicyTrainer(_TrainProcess):
         # Snapshots are not saved: a resumed run regenerates its first rollout with the loaded weights (d = 0).
         return super().save(root, rollout_id, {"weight_version": self.weight_version, **(extra_state or {})})
 
-    def export_weights(self, rollouts_trained: int) -> dict:
-        """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot."""
+    def export_weights(self, rollouts_trained: int, *after) -> dict:
+        """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot.
+
+        ``after``: results of the calls this export follows, unused: the driver passes their refs so that Ray runs
+        the export only once they succeeded."""
         self.weight_version += 1
         state_dict = {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
         fingerprint = weights_fingerprint(state_dict)
