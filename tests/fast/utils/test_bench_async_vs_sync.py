@@ -26,7 +26,7 @@ def _sync_run(num_rollouts=8, t0=1000.0):
     records, events = [], []
     for k in range(num_rollouts):
         base = t0 + k * PERIOD
-        records.append({"rollout_id": k, "time": base + PERIOD})
+        records.append({"rollout_id": k, "time": base + PERIOD - 0.005})  # logged 5 ms before the next generate
         events += [{"cat": f"task::{name}", "ts": (base + start) * 1e6, "dur": duration * 1e6}
                    for name, start, duration in ROLLOUT]
     return records, events
@@ -48,10 +48,18 @@ def test_idle_gaps_of_the_sync_path_add_up_to_wall_minus_the_work():
     assert bench.wall_per_rollout([records], warmup=2) - work == pytest.approx(sum(gaps.values()))
 
 
+def test_sync_cycles_split_each_rollout_into_work_and_idle():
+    records, events = _sync_run()
+    cycles = bench.sync_cycles(events, [records], warmup=2)
+    assert len(cycles) == 4  # the timed window (rollouts 2..7 logged) holds 5 generate starts: 4 whole cycles
+    for work, idle in cycles:  # busy 0-20, 22-42, 44-84, 86-90, 90-93 of each 100 ms
+        assert work == pytest.approx(0.087) and idle == pytest.approx(0.013)
+
+
 def test_overlapping_calls_leave_no_gap():
     """A call that starts before the busy span ends (the async actor's export beside the driver) is not idle."""
     records, _ = _sync_run()
-    base = records[2]["time"]
+    base = records[2]["time"] + 0.001
     events = [{"cat": "task::PolicyTrainer.prepare", "ts": base * 1e6, "dur": 10e3},
               {"cat": "task::PolicyTrainer.train", "ts": (base + 0.005) * 1e6, "dur": 10e3},
               {"cat": "task::PolicyTrainer.export_weights", "ts": (base + 0.020) * 1e6, "dur": 1e3}]
