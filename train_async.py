@@ -38,14 +38,15 @@ async def train(args) -> None:
             # Start the next rollout before training on this one: the overlap that makes the data stale.
             next_rollout = run.generate(rollout_id + 1) if rollout_id + 1 < args.num_rollout else None
             staleness = expected_staleness(rollout_id, args.update_weights_interval, run.start_rollout_id)
-            train_metrics = await asyncio.gather(*run.train(rollout_id, rollout_ref, staleness))
+            train_refs = run.train(rollout_id, rollout_ref, staleness)
             if (rollout_id + 1) % args.update_weights_interval == 0:
-                if next_rollout is not None:
-                    await next_rollout[1]  # drain: no weight push lands in the middle of a generation
                 await run.settled(push)
-                # Not awaited: Ray runs one caller's calls to an actor in order, so the engines load these weights
-                # before the next generation, and the actor exports them before its next rollout.
-                push = run.update_weights(rollouts_trained=rollout_id + 1)
+                # Submitted now and not awaited: the export waits for this rollout's training (it depends on it),
+                # and Ray runs one caller's calls to an actor in order, so the engines load the push after the
+                # in-flight generation (drained: no push lands in the middle of one) and before the next, and the
+                # actor exports it before its next rollout. The driver is no hand-off between train and export.
+                push = run.update_weights(rollouts_trained=rollout_id + 1, after=train_refs)
+            train_metrics = await asyncio.gather(*train_refs)
             run.finish_rollout(rollout_id, [await rollout_metrics_ref, *train_metrics])
             if run.should_stop(rollout_id):
                 break

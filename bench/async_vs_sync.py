@@ -1,30 +1,41 @@
-"""Async vs sync training on the embedded default: how much of the possible overlap the async loop achieves.
+"""Async vs sync training on the embedded default: the share of the overlap limit, and the loop's fixed cost.
 
-In one process and one Ray session it runs the same configuration (the default: GRPO on the embedded model and
-task) with ``train.train(args)`` and with ``train_async.train(args)``, reads both runs'
-``metrics.jsonl`` and Ray's task timeline, leaves out the first ``--warmup`` rollouts, and prints:
+In one process and one Ray session it runs two configurations, GRPO with 8 x 8 and with 16 x 8 prompts x samples
+(responses of up to 16 tokens; flags after ``--`` are added to both), each with ``train.train(args)`` and with
+``train_async.train(args)``, reads the runs' ``metrics.jsonl`` and Ray's task timeline, leaves out the first
+``--warmup`` rollouts, and prints for each configuration:
 
 - G: generation time per rollout, the median ``perf/generate_s`` (RolloutManager.generate) of the sync runs;
 - T: training time per rollout, the median time the actor works on a rollout in the sync runs: ``prepare``
   (runtime guard, ratio denominator, advantages) plus ``train`` (the optimizer steps), read from Ray's task
   timeline, because ``perf/train_s`` times only the second part (it is printed too);
+- push: from the start of ``PolicyTrainer.export_weights`` to the end of the engines' ``load_pushed`` (timeline
+  medians; the RolloutManager's ``load_weights`` starts when the driver submits it, and mostly waits);
 - the sync and async wall time per rollout: the median gap between consecutive rollouts' ``time`` stamps;
 - the overlap limit L = (G + T) / max(G, T): the speed-up of a loop that overlaps generation and training
   perfectly and has no other per-rollout cost;
-- the achieved speed-up R = sync wall / async wall, its share of the limit R / L (goal >= 85 %), and the share of
-  the possible gain (R - 1) / (L - 1). The first share is what the goal is stated in, but it is at least 1 / L
-  even with no overlap at all (R = 1), so when G is much smaller than T the second one says more;
+- the achieved speed-up R = sync wall / async wall, its share of the limit R / L (goal >= 90 %), and the share of
+  the possible gain (R - 1) / (L - 1), which says more when G is much smaller than T (R / L >= 1 / L even with no
+  overlap at all);
+- the sync loop's fixed cost: its wall time minus the measured work on its critical path, G + T + push (goal:
+  at most 10 % of G + T + push), taken rollout by rollout from the timeline (from one generation's start to the
+  next, the time no call of the loop runs; the median, and its median share of that rollout's work), because
+  on a noisy machine the median wall minus the sum of the parts' medians overstates it (it is printed too); and
+  where it goes: the median idle gap between consecutive critical-path calls (Ray's hand-offs through the
+  driver, and the driver's own work between rollouts);
 - a per-rollout profile of both runs from Ray's task timeline: how long each remote call takes, how long the
-  actor works, and how long it waits (wall - work: the weight push, the driver's awaits, Ray's call overhead).
+  actor works, and how long it waits (wall - work), and in the async runs where the actor waits: the median idle
+  gap between its calls.
 
-The last line is the result, e.g. ``async/sync speed-up 1.42x = 91% of the 1.56x overlap limit``.
+The last two lines are the results, one per configuration, e.g. ``8x8: async/sync speed-up 1.25x = 93% of the
+1.34x overlap limit; sync fixed cost 7.1 ms/rollout = 6% of G + T + push``.
 
 Run-to-run noise on a small machine is about 10 %, as large as the effect measured, so by default it runs two
-pairs in the order sync, async, async, sync (``--repeats``) and pools their rollouts, after a short untimed
-warm-up run (the first run in a fresh Ray session is slower). Each run prints the load average, so a machine
-shared with other work shows.
+pairs per configuration in the order sync, async, async, sync (``--repeats``) and pools their rollouts, after a
+short untimed warm-up run (the first run in a fresh Ray session is slower). Each run prints the load average, so a
+machine shared with other work shows.
 
-Usage: python bench/async_vs_sync.py [--num-rollout 60] [--warmup 5] [--repeats 2] [--keep-logs] [-- flags...]
+Usage: python bench/async_vs_sync.py [--num-rollout 40] [--warmup 5] [--repeats 2] [--keep-logs] [-- flags...]
 """
 
 from __future__ import annotations
@@ -42,15 +53,24 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-GOAL_SHARE = 0.85
+GOAL_SHARE = 0.90
+GOAL_FIXED_COST = 0.10  # of G + T + push
+CONFIGS = {  # name -> the flags of both of its runs (GRPO is the default estimator; 8 samples per prompt)
+    "8x8": ["--rollout-batch-size", "8", "--rollout-max-response-len", "16"],
+    "16x8": ["--rollout-batch-size", "16", "--rollout-max-response-len", "16"],
+}
 GENERATE_KEY = "perf/generate_s"
 TRAIN_KEY = "perf/train_s"
 PUSH_KEY = "perf/last_push_s"
 ACTOR_WORK = ("PolicyTrainer.prepare", "PolicyTrainer.train", "PolicyTrainer.export_weights")
 PROFILED_CALLS = (
     "RolloutManager.generate", "TorchRolloutEngine.generate", *ACTOR_WORK,
-    "RolloutManager.load_weights", "TorchRolloutEngine.load_weights",
+    "RolloutManager.load_weights", "TorchRolloutEngine.load_pushed",
 )
+# The sync loop's critical path, in the order its calls run each rollout. The push is the actor's export and the
+# engines' loads: the RolloutManager's load_weights starts when the driver submits it and mostly waits.
+PUSH_PATH = ("PolicyTrainer.export_weights", "TorchRolloutEngine.load_pushed")
+SYNC_PATH = ("RolloutManager.generate", "PolicyTrainer.prepare", "PolicyTrainer.train", *PUSH_PATH)
 MS = 1e3
 
 
@@ -120,6 +140,70 @@ def call_medians(events: list[dict], runs: list[list[dict]], warmup: int) -> dic
     """Median seconds of each remote call (by ``Class.method``) over the timed rollouts of ``runs``, pooled."""
     windows = [(steady[0]["time"], steady[-1]["time"]) for steady in (steady_records(r, warmup) for r in runs)]
     return {name: statistics.median(durations) for name, durations in call_durations(events, windows).items()}
+
+
+def critical_path_calls(events: list[dict], steady: list[dict], path: tuple[str, ...]
+                        ) -> list[tuple[float, float, str]]:
+    """``(start, end, method)`` in seconds of the calls in ``path`` that started within one run's timed rollouts
+    (``steady``), by start time."""
+    start, end = steady[0]["time"] * 1e6, steady[-1]["time"] * 1e6
+    return sorted(
+        (event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6, name.rsplit(".", 1)[-1])
+        for event in events
+        if (name := str(event.get("cat", "")).removeprefix("task::")) in path and start <= event["ts"] < end
+    )
+
+
+def critical_path_gaps(events: list[dict], runs: list[list[dict]], warmup: int, path: tuple[str, ...]
+                       ) -> dict[str, float]:
+    """Median idle seconds between the calls of ``path`` in the runs' timed rollouts, by ``"a -> b"`` (method
+    names): the time from the end of the calls so far (``a`` ended last) to the start of the next one, ``b``.
+    ``path`` is a loop whose calls run one after another (the sync loop), so while none of them runs the loop does
+    no measured work: the gaps are Ray's hand-offs between processes and the driver's own work."""
+    gaps: dict[str, list[float]] = {}
+    for records in runs:
+        calls = critical_path_calls(events, steady_records(records, warmup), path)
+        if not calls:
+            continue
+        busy_until, last = calls[0][1], calls[0][2]
+        for start, end, method in calls[1:]:
+            if start > busy_until or end > busy_until:
+                gaps.setdefault(f"{last} -> {method}", []).append(max(0.0, start - busy_until))
+            if end > busy_until:
+                busy_until, last = end, method
+    return {label: statistics.median(values) for label, values in gaps.items()}
+
+
+def sync_cycles(events: list[dict], runs: list[list[dict]], warmup: int) -> list[tuple[float, float]]:
+    """``(work, idle)`` seconds of each timed rollout of the sync runs, from one ``RolloutManager.generate`` start to
+    the next: the time some call of ``SYNC_PATH`` runs (the union of their intervals), and the rest. Taken rollout
+    by rollout, so that a slow step in one rollout is not set against the other steps' medians."""
+    cycles = []
+    for records in runs:
+        calls = critical_path_calls(events, steady_records(records, warmup), SYNC_PATH)
+        starts = [start for start, _, method in calls if method == "generate"]
+        for begin, end in itertools.pairwise(starts):
+            busy, busy_until = 0.0, begin
+            for start, stop in sorted((max(s, begin), min(e, end)) for s, e, _ in calls if s < end and e > begin):
+                busy += max(0.0, stop - max(start, busy_until))
+                busy_until = max(busy_until, stop)
+            cycles.append((busy, end - begin - busy))
+    return cycles
+
+
+def push_spans(events: list[dict], runs: list[list[dict]], warmup: int) -> float:
+    """Median seconds from the start of each ``PolicyTrainer.export_weights`` to the end of the last engine's
+    ``TorchRolloutEngine.load_pushed`` that started before the next export."""
+    spans = []
+    for records in runs:
+        calls = critical_path_calls(events, steady_records(records, warmup), PUSH_PATH)
+        exports = [start for start, _, method in calls if method == "export_weights"]
+        for start, next_start in zip(exports, [*exports[1:], float("inf")]):
+            ends = [end for load_start, end, method in calls
+                    if method == "load_pushed" and start <= load_start < next_start]
+            if ends:
+                spans.append(max(ends) - start)
+    return statistics.median(spans)
 
 
 def profile_runs(events: list[dict], runs: list[list[dict]], warmup: int, calls: tuple[str, ...],
@@ -198,28 +282,60 @@ def training_argv(num_rollout: int, extra: list[str]) -> list[str]:
     return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", *extra]
 
 
-def report(runs: dict[str, list[list[dict]]], events: list[dict], warmup: int) -> list[str]:
-    """The printed result, one line each; the last line is the result. ``runs`` maps "sync"/"async" to the
-    metrics records of each repeat."""
+def config_report(name: str, runs: dict[str, list[list[dict]]], events: list[dict], warmup: int
+                  ) -> tuple[list[str], str]:
+    """One configuration's printed lines and its result line. ``runs`` maps "sync"/"async" to the metrics records
+    of each repeat."""
     profiles = {kind: profile_runs(events, kind_runs, warmup, PROFILED_CALLS, ACTOR_WORK)
                 for kind, kind_runs in runs.items()}
     sync_profile, async_profile = profiles["sync"], profiles["async"]
     generate_s = median_metric(runs["sync"], GENERATE_KEY, warmup)
     train_s = sync_profile["PolicyTrainer.prepare"] + sync_profile["PolicyTrainer.train"]
+    push_s = push_spans(events, runs["sync"], warmup)
     limit = overlap_limit(generate_s, train_s)
     ratio = sync_profile["wall"] / async_profile["wall"]
+    work_s = generate_s + train_s + push_s
+    cycles = sync_cycles(events, runs["sync"], warmup)
+    fixed_s = statistics.median(idle for _, idle in cycles)
+    fixed_share = statistics.median(idle / work for work, idle in cycles)
+    gaps = critical_path_gaps(events, runs["sync"], warmup, SYNC_PATH)
+    actor_gaps = critical_path_gaps(events, runs["async"], warmup, ACTOR_WORK)
     metric_medians = ", ".join(f"{key} {median_metric(runs['sync'], key, warmup) * MS:.1f} ms"
                                for key in (GENERATE_KEY, TRAIN_KEY, PUSH_KEY))
-    return [
-        f"rollouts {warmup}.. of {len(runs['sync'])} run(s) each (the first {warmup} are warm-up), medians:",
+    lines = [
+        f"{name}: rollouts {warmup}.. of {len(runs['sync'])} run(s) each (the first {warmup} are warm-up), medians:",
         *profile_table(profiles, list(sync_profile)),
         f"  sync run metrics: {metric_medians} (perf/train_s: optimizer steps only)",
-        (f"G = {generate_s * MS:.1f} ms generate, T = {train_s * MS:.1f} ms train (actor prepare + train); "
-         f"sync {sync_profile['wall'] * MS:.1f} ms/rollout, async {async_profile['wall'] * MS:.1f} ms/rollout"),
-        (f"overlap limit (G + T) / max(G, T) = {limit:.2f}x; achieved {ratio:.2f}x = "
+        (f"  G = {generate_s * MS:.1f} ms generate, T = {train_s * MS:.1f} ms train (actor prepare + train), "
+         f"push = {push_s * MS:.1f} ms (export to loaded); sync {sync_profile['wall'] * MS:.1f} ms/rollout, "
+         f"async {async_profile['wall'] * MS:.1f} ms/rollout"),
+        (f"  overlap limit (G + T) / max(G, T) = {limit:.2f}x; achieved {ratio:.2f}x = "
          f"{share_of_gain(ratio, limit):.0%} of the possible gain; goal: >= {GOAL_SHARE:.0%} of the limit"),
-        speedup_line(sync_profile["wall"], async_profile["wall"], limit),
+        (f"  sync fixed cost, rollout by rollout (generate to next generate, minus the time a call of the sync loop "
+         f"runs): {fixed_s * MS:.1f} ms/rollout = {fixed_share:.0%} of its G + T + push (goal: <= "
+         f"{GOAL_FIXED_COST:.0%}); from the medians, wall - (G + T + push) = "
+         f"{(sync_profile['wall'] - work_s) * MS:.1f} ms"),
+        "  idle between the sync loop's calls, median ms: "
+        + ", ".join(f"{label} {gap * MS:.1f}" for label, gap in gaps.items()),
+        "  async actor idle between its calls, median ms: "
+        + ", ".join(f"{label} {gap * MS:.1f}" for label, gap in actor_gaps.items()),
     ]
+    result = (f"{name}: {speedup_line(sync_profile['wall'], async_profile['wall'], limit)}; sync fixed cost "
+              f"{fixed_s * MS:.1f} ms/rollout = {fixed_share:.0%} of G + T + push")
+    return lines, result
+
+
+def report(runs: dict[str, list[list[dict]]], events: list[dict], warmup: int) -> list[str]:
+    """The printed result; the last lines are the results, one per configuration. ``runs`` maps
+    ``"<config>-sync"``/``"<config>-async"`` to the metrics records of each repeat."""
+    lines, results = [], []
+    for name in CONFIGS:
+        config_lines, result = config_report(
+            name, {kind: runs[f"{name}-{kind}"] for kind in ("sync", "async")}, events, warmup
+        )
+        lines += config_lines
+        results.append(result)
+    return lines + results
 
 
 def parse_options(description: str, default_num_rollout: int, repeats_help: str) -> argparse.Namespace:
@@ -277,11 +393,11 @@ def run_schedule(schedule: list[tuple[str, str, list[str]]], options: argparse.N
 
 
 def main() -> None:
-    options = parse_options(__doc__, default_num_rollout=60,
+    options = parse_options(__doc__, default_num_rollout=40,
                             repeats_help="sync/async pairs, in alternating order (sync async, async sync, ...), "
                                          "pooled; more damp a shared machine's noise")
-    argv = training_argv(options.num_rollout, options.extra)
-    schedule = [(driver, driver, argv) for repeat in range(options.repeats)
+    schedule = [(f"{name}-{driver}", driver, training_argv(options.num_rollout, [*flags, *options.extra]))
+                for name, flags in CONFIGS.items() for repeat in range(options.repeats)
                 for driver in alternating_order(["sync", "async"], repeat)]
     runs, events = run_schedule(schedule, options, "miles-bench-async-")
     print("\n".join(report(runs, events, options.warmup)))

@@ -49,24 +49,32 @@ class RolloutManager:
         )
         self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
         self.weight_version = 0
-        self.last_push_s = 0.0  # engines' load time of the latest push, reported with the next rollout
+        self.last_push_s = 0.0  # the latest push, export ready to every engine loaded; reported with the next rollout
 
-    def load_weights(self, payload: dict) -> None:
-        """Load ``{"version", "fingerprint", "state_dict"}`` into every engine, and check that each engine's
-        fingerprint of the weights it loaded equals the trainer's (the guard checks it again on every sample)."""
+    def load_weights(self, pushed: list) -> None:
+        """Load the trainer's push ``{"version", "fingerprint", "state_dict"}`` into every engine, and check that
+        each engine's fingerprint of the weights it loaded equals the trainer's (the guard checks it again on every
+        sample).
+
+        ``pushed`` is ``[ref]`` of the push, wrapped in a list so that Ray hands the reference on instead of
+        fetching the weights into this process: each engine reads them from the object store, and the manager
+        never deserializes and re-sends them.
+        """
+        (payload_ref,) = pushed
+        loads = [engine.load_pushed.remote(payload_ref) for engine in self.engines]
+        # The driver may submit the push before the export ran (train.py does): time it from the export's end.
+        ray.wait([payload_ref], fetch_local=False)
         start = time.perf_counter()
-        check_finite_weights(f"weight version {payload['version']}", payload["fingerprint"])  # NaN != NaN below
-        fingerprints = ray.get(
-            [engine.load_weights.remote(payload["state_dict"], payload["version"]) for engine in self.engines]
-        )
-        wrong = [index for index, fingerprint in enumerate(fingerprints) if fingerprint != payload["fingerprint"]]
+        loaded = ray.get(loads)
+        version, fingerprint, _ = loaded[0]  # every engine read the same push
+        check_finite_weights(f"weight version {version}", fingerprint)  # diverged weights; NaN != NaN below
+        wrong = [index for index, (_, _, engine_fingerprint) in enumerate(loaded) if engine_fingerprint != fingerprint]
         if wrong:
             raise OffPolicyGuardError(
-                f"weight version {payload['version']}: rollout engine(s) {wrong} loaded weights with fingerprint(s) "
-                f"{[fingerprints[i] for i in wrong]}, but the trainer pushed fingerprint {payload['fingerprint']!r}. "
-                f"{REPORT_BUG}"
+                f"weight version {version}: rollout engine(s) {wrong} loaded weights with fingerprint(s) "
+                f"{[loaded[i][2] for i in wrong]}, but the trainer pushed fingerprint {fingerprint!r}. {REPORT_BUG}"
             )
-        self.weight_version = payload["version"]
+        self.weight_version = version
         self.last_push_s = time.perf_counter() - start
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int) -> list[Sample]:

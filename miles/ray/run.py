@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -66,6 +67,7 @@ class TrainingRun:
     last_finished_rollout: int | None = None
     last_saved_rollout: int | None = None
     stop_after_rollout: int | None = None  # decided once per rollout, so its save and the driver's break agree
+    last_log_s: float | None = None  # the latest tracker.log's duration, reported with the next rollout
 
     def stopped(self, error: MilesRunError) -> MilesRunError:
         """A guard, divergence or drift stop: save the last rollout that finished (with --save) if every train
@@ -124,20 +126,33 @@ class TrainingRun:
         critic_only = rollout_id < self.args.num_critic_only_steps
         return refs + [guard_ref if critic_only else self.actor.train.remote(rollout_id, guard_ref)]
 
-    def update_weights(self, rollouts_trained: int):
-        """Push the actor's weights to the engines as the next version, through the object store."""
-        return self.rollout_manager.load_weights.remote(self.actor.export_weights.remote(rollouts_trained))
+    def update_weights(self, rollouts_trained: int, after: list | None = None):
+        """Push the actor's weights to the engines as the next version, through the object store. ``after``: refs
+        of the calls the export must follow (this rollout's ``train``); a failed one then fails the push instead
+        of pushing the untrained weights."""
+        return push_weights(self.rollout_manager, self.actor, rollouts_trained, after or [])
 
     def finish_rollout(self, rollout_id: int, metrics: list[dict]) -> None:
-        """Save and evaluate when due, log the rollout's metrics, and stop if the policy drifted past --max-behavior-kl."""
+        """Save and evaluate when due, log the rollout's metrics, and stop if the policy drifted past --max-behavior-kl.
+
+        The driver's own time is reported too: ``perf/eval_s`` and ``perf/save_s`` on the rollouts that evaluate or
+        save, and ``perf/last_log_s``, the previous rollout's logging (metrics.jsonl, TensorBoard, progress bar)."""
         merged = {name: value for part in metrics for name, value in part.items()}
         if self.stop_after_rollout is None and self._stop_requested(rollout_id):
             self.stop_after_rollout = rollout_id
         if self._due(self.args.eval_interval, rollout_id):
+            start = time.perf_counter()
             merged.update(ray.get(self.rollout_manager.evaluate.remote(rollout_id)))
-        if self.args.save and (self._due(self.args.save_interval, rollout_id) or self._is_last(rollout_id)):
+            merged["perf/eval_s"] = time.perf_counter() - start
+        if self.args.save and (self._due(self.args.save_interval, rollout_id) or self.is_last(rollout_id)):
+            start = time.perf_counter()
             self.save(rollout_id)
+            merged["perf/save_s"] = time.perf_counter() - start
+        if self.last_log_s is not None:
+            merged["perf/last_log_s"] = self.last_log_s
+        start = time.perf_counter()
         self.tracker.log(rollout_id, merged)
+        self.last_log_s = time.perf_counter() - start
         self.last_finished_rollout = rollout_id
         if "off_policy/policy_behavior_kl" in merged:
             off_policy.check_behavior_kl(rollout_id, merged["off_policy/policy_behavior_kl"],
@@ -166,7 +181,8 @@ class TrainingRun:
     def _due(self, interval: int | None, rollout_id: int) -> bool:
         return bool(interval) and (rollout_id + 1) % interval == 0
 
-    def _is_last(self, rollout_id: int) -> bool:
+    def is_last(self, rollout_id: int) -> bool:
+        """No rollout follows this one (the last of --num-rollout, or --debug-exit-after-rollout's)."""
         return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
 
 
@@ -191,6 +207,13 @@ def _process_died(error: Exception, args, last_finished_rollout: int | None) -> 
     role = _ROLE_OF_CLASS.get(classes[0], classes[0]) if classes else "a process that held the run's data"
     when = "during start-up" if last_finished_rollout is None else f"after rollout {last_finished_rollout}"
     return ProcessDiedError(f"{role} process died {when}; the run stopped. {checkpoint_note(args)}")
+
+
+def push_weights(rollout_manager, actor, rollouts_trained: int, after: list):
+    """The actor exports its weights as the next version (once the ``after`` refs succeeded) and the engines load
+    them. The export's reference goes to the RolloutManager inside a list, so Ray passes it on to the engines
+    instead of fetching the weights into the manager (``RolloutManager.load_weights``)."""
+    return rollout_manager.load_weights.remote([actor.export_weights.remote(rollouts_trained, *after)])
 
 
 def _create_trainers(args, placement: Placement):
@@ -229,7 +252,7 @@ def training_run(args, driver: str):
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
-            ray.get(rollout_manager.load_weights.remote(actor.export_weights.remote(start_rollout_id)))
+            ray.get(push_weights(rollout_manager, actor, start_rollout_id, after=[]))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:
                 run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id, stop_request)

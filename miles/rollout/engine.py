@@ -57,6 +57,12 @@ class TorchRolloutEngine:
         self.weight_fingerprint = weights_fingerprint(self.model)
         return self.weight_fingerprint
 
+    def load_pushed(self, payload: dict) -> tuple[int, float, float]:
+        """Load a trainer's push ``{"version", "fingerprint", "state_dict"}`` (``PolicyTrainer.export_weights``);
+        return its version, the fingerprint the trainer sent, and that of the weights now loaded, for the
+        RolloutManager to compare."""
+        return payload["version"], payload["fingerprint"], self.load_weights(payload["state_dict"], payload["version"])
+
     def generate(
         self,
         prompts: list[dict],

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from miles.backends.training_utils.ppo_utils import compute_approx_kl, compute_ess_ratio
+from miles.backends.training_utils.ppo_utils import compute_approx_kl, compute_ess_ratio, pad_samples, valid_positions
 from miles.utils.divergence import check_finite_weights
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError
 
@@ -160,7 +160,8 @@ def denominator_vs_behavior(
     # the loss uses, does not clamp it: there an infinite weight is truncated anyway).
     weights = log_ratio.clamp(-20, 20).exp()
     applied = weights.clamp(tis_clip_low, tis_clip)
-    ess = torch.stack([compute_ess_ratio(o - r, torch.ones_like(o)) for o, r in zip(old_log_probs, rollout_log_probs)])
+    valid = valid_positions([o.numel() for o in old_log_probs])  # (B, T_max): one padded pass, not one per sample
+    ess = compute_ess_ratio(pad_samples(old_log_probs, valid) - pad_samples(rollout_log_probs, valid), valid)  # (B,)
     return {
         "denominator_behavior_abs_diff_mean": float(log_ratio.abs().mean()),
         "denominator_behavior_abs_diff_max": float(log_ratio.abs().max()),

@@ -23,6 +23,7 @@ Departures from upstream miles semantics:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,8 @@ from miles.backends.training_utils.ppo_utils import (
     get_reinforce_plus_plus_returns,
     group_normalize_rewards,
     normalize_advantages,
+    pad_samples,
+    valid_positions,
 )
 
 
@@ -49,27 +52,43 @@ class _Rollout:
     lambd: float
     std_normalization: bool
 
-    def kl_penalty(self, index: int) -> torch.Tensor:
-        """−kl_coef·kl of sample ``index`` on its unmasked tokens, 0 elsewhere (zeros without KL shaping). (T,)"""
-        mask = self.loss_masks[index] != 0
-        if self.kl is None or self.kl_coef == 0:
-            return torch.zeros(mask.shape, dtype=self.rewards.dtype)
-        return torch.where(mask, -self.kl_coef * self.kl[index].detach().to(self.rewards.dtype), 0.0)
+    # The whole rollout in one padded (N, T_max) layout, so the per-token shaping is a few tensor operations
+    # rather than a few per sample (a rollout has tens to thousands of samples; each small op costs ~10 µs).
+    @functools.cached_property
+    def valid(self) -> torch.Tensor:
+        """(N, T_max) bool: True at each sample's response tokens, False at padding."""
+        return valid_positions([mask.numel() for mask in self.loss_masks])
 
-    def token_rewards(self, index: int) -> torch.Tensor:
-        """The KL penalty plus the sample's reward at its last unmasked token. (T,)"""
-        token_rewards = self.kl_penalty(index)
-        unmasked = (self.loss_masks[index] != 0).nonzero()
-        if unmasked.numel() > 0:
-            token_rewards[unmasked[-1, 0]] += self.rewards[index]
-        return token_rewards
+    @functools.cached_property
+    def unmasked(self) -> torch.Tensor:
+        """(N, T_max) bool: True at unmasked response tokens."""
+        return pad_samples([mask != 0 for mask in self.loss_masks], self.valid) if self.loss_masks else self.valid
+
+    def unpad(self, padded: torch.Tensor) -> list[torch.Tensor]:
+        """(N, T_max) → one 1-D tensor per sample over its response tokens (views into one flat tensor)."""
+        return list(padded[self.valid].split([mask.numel() for mask in self.loss_masks]))
+
+    @functools.cached_property
+    def kl_penalty(self) -> torch.Tensor:
+        """−kl_coef·kl on the unmasked tokens, 0 elsewhere (zeros without KL shaping). (N, T_max)"""
+        if self.kl is None or self.kl_coef == 0:
+            return torch.zeros(self.valid.shape, dtype=self.rewards.dtype)
+        kl = pad_samples([k.detach().to(self.rewards.dtype) for k in self.kl], self.valid)
+        return torch.where(self.unmasked, -self.kl_coef * kl, 0.0)
+
+    def token_rewards(self) -> torch.Tensor:
+        """The KL penalty plus each sample's reward at its last unmasked token. (N, T_max)"""
+        positions = torch.arange(self.valid.shape[1]).expand_as(self.unmasked)  # (N, T_max)
+        # Each sample's last unmasked position (N,), −1 when it has none (the extra column keeps T_max = 0 reducible).
+        last = torch.cat([torch.where(self.unmasked, positions, -1), torch.full((len(positions), 1), -1)], dim=1)
+        last = last.amax(dim=1)
+        at_last = positions == last.unsqueeze(1)  # (N, T_max), all False for a row without unmasked tokens
+        return self.kl_penalty + torch.where(at_last, self.rewards.unsqueeze(1), 0.0)
 
     def broadcast(self, per_sample: torch.Tensor) -> list[torch.Tensor]:
         """Sample i's scalar on its unmasked tokens, 0 elsewhere, plus the KL penalty."""
-        return [
-            torch.where(mask != 0, per_sample[i], 0.0).to(per_sample.dtype) + self.kl_penalty(i)
-            for i, mask in enumerate(self.loss_masks)
-        ]
+        padded = torch.where(self.unmasked, per_sample.unsqueeze(1), 0.0).to(per_sample.dtype)  # (N, T_max)
+        return self.unpad(padded + self.kl_penalty)
 
 
 def _group_relative(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -81,10 +100,11 @@ def _group_relative(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.T
 
 def _gae(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """PPO: GAE over the unmasked tokens with the critic's values (``get_advantages_and_returns``)."""
+    token_rewards = rollout.unpad(rollout.token_rewards())
     pairs = [
         get_advantages_and_returns(
-            rollout.values[i].detach(), rollout.token_rewards(i).to(rollout.values[i].dtype),
-            rollout.gamma, rollout.lambd, mask,
+            rollout.values[i].detach(), token_rewards[i].to(rollout.values[i].dtype), rollout.gamma, rollout.lambd,
+            mask,
         )
         for i, mask in enumerate(rollout.loss_masks)
     ]
@@ -94,10 +114,10 @@ def _gae(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 def _reinforce_plus_plus(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """REINFORCE++: G_t = r_t + γ·G_{t+1} over the unmasked tokens; A = G."""
     returns = []
-    for i, mask in enumerate(rollout.loss_masks):
+    for mask, token_rewards in zip(rollout.loss_masks, rollout.unpad(rollout.token_rewards()), strict=True):
         keep = mask != 0
         sample_returns = torch.zeros(mask.shape, dtype=rollout.rewards.dtype)
-        sample_returns[keep] = get_reinforce_plus_plus_returns(rollout.token_rewards(i)[keep], rollout.gamma)
+        sample_returns[keep] = get_reinforce_plus_plus_returns(token_rewards[keep], rollout.gamma)
         returns.append(sample_returns)
     return returns, returns
 

@@ -136,7 +136,7 @@ class _Tokens:
             raise ValueError("the micro-batch has no samples; pass at least one sample per loss call.")
         lengths = tuple(m.numel() for m in loss_masks)
         valid = valid_positions(lengths)
-        mask = pad_samples([m != 0 for m in loss_masks], valid)
+        mask = pad_samples(list(loss_masks), valid) != 0  # padding is 0, so False
         return cls(mask, valid, lengths, int(mask.any(dim=-1).sum()))
 
     def pad(self, tensors: list[torch.Tensor] | None, name: str) -> torch.Tensor:

@@ -41,7 +41,9 @@ Tensors = list[torch.Tensor]
 
 
 def _as_tensors(rows, dtype=torch.float32) -> Tensors:
-    return [torch.tensor(row, dtype=dtype) for row in rows]
+    """One 1-D tensor per row, split from one tensor: one conversion per rollout, not one per sample."""
+    rows = list(rows)
+    return list(torch.tensor([value for row in rows for value in row], dtype=dtype).split([len(r) for r in rows]))
 
 
 def run_optimizer_steps(
@@ -198,8 +200,11 @@ class PolicyTrainer(_TrainProcess):
         # Snapshots are not saved: a resumed run regenerates its first rollout with the loaded weights (d = 0).
         return super().save(root, rollout_id, {"weight_version": self.weight_version, **(extra_state or {})})
 
-    def export_weights(self, rollouts_trained: int) -> dict:
-        """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot."""
+    def export_weights(self, rollouts_trained: int, *after) -> dict:
+        """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot.
+
+        ``after``: results of the calls this export follows, unused: the driver passes their refs so that Ray runs
+        the export only once they succeeded."""
         self.weight_version += 1
         state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
         fingerprint = weights_fingerprint(state_dict)

@@ -181,6 +181,17 @@ def test_weights_that_give_infinite_logits_stop_with_divergence_not_a_sampling_e
         engine.generate(MIXED_PROMPTS, 2, 1.0, 3, seed=0)
 
 
+def test_load_pushed_reports_the_sent_and_the_loaded_fingerprint(embedded):
+    """The RolloutManager compares the two; a wrong label on the push must show as a mismatch, not be echoed."""
+    engine = TorchRolloutEngine(embedded.checkpoint_dir, seed=0)
+    state = {name: tensor.clone() for name, tensor in engine.model.state_dict().items()}
+    state["model.norm.weight"][0] += 0.5
+    loaded = weights_fingerprint(state)
+    assert engine.load_pushed({"version": 2, "fingerprint": loaded, "state_dict": state}) == (2, loaded, loaded)
+    assert engine.load_pushed({"version": 3, "fingerprint": -1.0, "state_dict": state}) == (3, -1.0, loaded)
+    assert engine.weight_version == 3
+
+
 def test_load_weights_rejects_a_different_architecture(embedded):
     engine = TorchRolloutEngine(embedded.checkpoint_dir, seed=0)
     state = dict(engine.model.state_dict())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import miles.ray.rollout_manager as rollout_manager_module
 from miles.ray.cluster import count_bundles
 from miles.ray.rollout_manager import RolloutManager, _split, rollout_seed
 from miles.utils.errors import DivergenceError
@@ -60,7 +61,20 @@ def test_split_is_contiguous_nearly_equal_and_keeps_order(num_items, parts):
     assert max(sizes) - min(sizes) <= 1
 
 
-def test_a_push_of_non_finite_weights_is_divergence_before_any_engine_loads_it():
-    manager = object.__new__(RolloutManager)  # no engines: the check comes before they are asked
+class _EngineEchoingANonFinitePush:
+    """What a TorchRolloutEngine's ``load_pushed`` returns for a push of diverged weights: NaN fingerprints."""
+
+    class load_pushed:  # noqa: N801 (called as engine.load_pushed.remote(ref), like a Ray actor method)
+        @staticmethod
+        def remote(payload_ref):
+            return (3, float("nan"), float("nan"))
+
+
+def test_a_push_of_non_finite_weights_is_divergence_not_a_fingerprint_mismatch(monkeypatch):
+    """NaN != NaN: without the finiteness check first, diverged weights would be reported as a miles bug."""
+    manager = object.__new__(RolloutManager)
+    manager.engines = [_EngineEchoingANonFinitePush(), _EngineEchoingANonFinitePush()]
+    monkeypatch.setattr(rollout_manager_module.ray, "wait", lambda refs, **_: (refs, []))
+    monkeypatch.setattr(rollout_manager_module.ray, "get", lambda values: values)
     with pytest.raises(DivergenceError, match="weight version 3: .* no longer finite"):
-        manager.load_weights({"version": 3, "fingerprint": float("nan"), "state_dict": {}})
+        manager.load_weights(["push ref"])

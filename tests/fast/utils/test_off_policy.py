@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from miles.backends.training_utils.ppo_utils import compute_ess_ratio
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.utils.arguments import parse_args
 from miles.utils.errors import DivergenceError, MilesConfigError, OffPolicyGuardError
@@ -368,6 +369,19 @@ def test_denominator_vs_behavior_stays_finite_for_extreme_log_ratios():
     assert all(math.isfinite(value) for value in metrics.values())
     assert metrics["tis_raw_max"] == pytest.approx(math.exp(20)) and metrics["denominator_behavior_kl"] <= 10.0
     assert metrics["tis_applied_max"] == 2.0 and metrics["tis_clip_fraction"] == pytest.approx(1 / 5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_denominator_vs_behavior_ess_matches_the_per_sample_loop(seed):
+    """The ESS is taken over a padded (B, T) layout; one call per sample is the reference, on uneven lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [1, 5, 3, 16, 2, 7]
+    old = [torch.randn(n, generator=generator) - 1.0 for n in lengths]
+    roll = [o + 0.3 * torch.randn(n, generator=generator) for o, n in zip(old, lengths)]
+    per_sample = [float(compute_ess_ratio(o - r, torch.ones_like(o))) for o, r in zip(old, roll)]
+    metrics = denominator_vs_behavior(old, roll, tis_clip=2.0, tis_clip_low=0.0)
+    # A float32 mean of six values in (0, 1]: the two orders of summation differ by a few ulps at most.
+    assert metrics["ess"] == pytest.approx(sum(per_sample) / len(per_sample), rel=1e-6)
 
 
 def test_policy_vs_behavior_hand_computed():
