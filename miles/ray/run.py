@@ -19,13 +19,9 @@ import torch
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
-from miles.ray.cluster import (
-    CPUS_PER_BUNDLE,
-    Placement,
-    count_bundles,
-    create_placement,
-    ray_session,
-)
+from miles.ranks.layout import train_layouts
+from miles.ranks.role import TrainRole
+from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.data_source import load_prompt_data
 from miles.rollout.embedded import ensure_embedded_default
@@ -63,7 +59,8 @@ def preflight(args) -> int:
     """
     check_hf_checkpoint(args.hf_checkpoint)
     if args.train_backend == "megatron":
-        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available())
+        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
+                               tensor_parallel_size=args.tensor_model_parallel_size)
     prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
     if args.eval_prompt_data is not None:
         load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key, flag="--eval-prompt-data")
@@ -168,16 +165,15 @@ class TrainingRun:
         return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
 
 
-def _create_trainers(args, placement: Placement):
-    actor = ray.remote(PolicyTrainer).options(
-        num_cpus=CPUS_PER_BUNDLE, scheduling_strategy=placement.strategy(placement.actor_bundle)
-    ).remote(args, CPUS_PER_BUNDLE)
-    critic = None
-    if args.use_critic:
-        critic = ray.remote(ValueTrainer).options(
-            num_cpus=CPUS_PER_BUNDLE, scheduling_strategy=placement.strategy(placement.critic_bundle)
-        ).remote(args, CPUS_PER_BUNDLE)
-    return actor, critic
+def _create_train_roles(args, roles: list) -> tuple[TrainRole, TrainRole | None]:
+    """The actor's ranks and, for PPO, the critic's, each in its own placement group; started together so the two
+    roles load their models at the same time. ``roles`` collects them for release."""
+    for layout in train_layouts(args):
+        roles.append(TrainRole(PolicyTrainer if layout.role == "actor" else ValueTrainer, args, layout,
+                               args.ray_placement_timeout))
+    for role in roles:
+        role.start()
+    return roles[0], (roles[1] if len(roles) > 1 else None)
 
 
 def _derive_num_rollout(args, num_prompts: int) -> None:
@@ -192,12 +188,14 @@ def training_run(args, driver: str):
     resolve_run_paths(args, driver)
     _derive_num_rollout(args, num_prompts=preflight(args))
     check_rollouts_left(args)
-    num_bundles = count_bundles(args.rollout_num_engines, args.use_critic, args.colocate)
-    with ray_session(args.ray_address, num_cpus=num_bundles):
-        placement = create_placement(args.rollout_num_engines, args.use_critic, args.colocate, args.ray_placement_timeout)
+    train_ranks = sum(layout.world_size for layout in train_layouts(args))
+    with ray_session(args.ray_address, num_cpus=count_bundles(args.rollout_num_engines, train_ranks, args.colocate)):
+        roles, placement = [], None
         try:
+            actor, critic = _create_train_roles(args, roles)
+            placement = create_placement(args.rollout_num_engines, args.colocate, args.ray_placement_timeout,
+                                         actor.group)
             rollout_manager = create_rollout_manager(args, placement)
-            actor, critic = _create_trainers(args, placement)
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
@@ -214,4 +212,7 @@ def training_run(args, driver: str):
             for path in plot_run(args.log_dir):
                 print(f"plot: {path}")
         finally:
-            placement.release()
+            if placement is not None:
+                placement.release()
+            for role in roles:
+                role.release()

@@ -30,11 +30,13 @@ from miles.backends.training_utils.loss import (
 )
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
+from miles.ranks.data_parallel import SingleRank, data_parallel_rank
 from miles.utils import off_policy
 from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import RolloutBatch, Sample
 
 Tensors = list[torch.Tensor]
+SINGLE_RANK = SingleRank()
 
 
 def _as_tensors(rows, dtype=torch.float32) -> Tensors:
@@ -50,12 +52,15 @@ def run_optimizer_steps(
     per_token: bool,
     clip_grad: float,
     micro_batch_loss: Callable[[list[int], float], tuple[torch.Tensor, dict[str, float]]],
+    data_parallel: SingleRank = SINGLE_RANK,
 ) -> dict[str, float]:
     """Optimizer steps over consecutive global batches of sample indices, accumulating micro-batch gradients.
 
     ``micro_batch_loss(indices, divisor)`` returns a loss already divided by the step's divisor;
     ``clip_grad_norm(max_norm)`` clips the accumulated gradients and returns their norm. Metrics are
     averaged over samples (each micro-batch's metrics weighted by its size); ``grad_norm`` over steps.
+    ``data_parallel`` gives this rank its slice of each step and sums gradients and metric totals over the ranks
+    (``miles.ranks.data_parallel``), so every rank takes the single-process step and reports its metrics.
     """
     num_samples = len(loss_masks)
     totals: dict[str, float] = {}
@@ -64,14 +69,17 @@ def run_optimizer_steps(
         step = list(range(step_start, min(step_start + global_batch_size, num_samples)))
         divisor = step_divisor([loss_masks[i] for i in step], per_token)
         optimizer.zero_grad(set_to_none=True)
-        for micro_start in range(0, len(step), micro_batch_size):
-            micro = step[micro_start : micro_start + micro_batch_size]
+        local = data_parallel.local_indices(step)
+        for micro_start in range(0, len(local), micro_batch_size):
+            micro = local[micro_start : micro_start + micro_batch_size]
             loss, metrics = micro_batch_loss(micro, divisor)
             loss.backward()
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * len(micro)
+        data_parallel.reduce_gradients(p for group in optimizer.param_groups for p in group["params"])
         grad_norms.append(clip_grad_norm(clip_grad))
         optimizer.step()
+    totals = data_parallel.sum_totals(totals)
     averaged = {name: total / num_samples for name, total in totals.items()}
     averaged["grad_norm"] = sum(grad_norms) / len(grad_norms)
     return averaged
@@ -87,8 +95,11 @@ class _TrainProcess:
         self.model = model
         self.model.module.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.data_parallel = data_parallel_rank()  # asked once the model (and its process groups) exist
 
-    def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
+    def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str | None:
+        if not self.data_parallel.writes_checkpoint:
+            return None
         state = {
             "rollout_id": rollout_id,
             "train_backend": self.args.train_backend,  # the optimizer state is laid out for its parameters
@@ -300,9 +311,10 @@ class PolicyTrainer(_TrainProcess):
 
         metrics = run_optimizer_steps(
             self.model.clip_grad_norm, self.optimizer, batch["loss_masks"], self.args.global_batch_size, self.args.micro_batch_size,
-            self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
+            self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss, self.data_parallel,
         )
         metrics = {f"train/{name}": value for name, value in metrics.items()}
+        first_step_log_probs = self.data_parallel.merged(first_step_log_probs)  # each rank saw its slice
         first = sorted(first_step_log_probs)
         drift = off_policy.policy_vs_behavior(
             [first_step_log_probs[i] for i in first], [batch["rollout_log_probs"][i] for i in first]
@@ -355,6 +367,6 @@ class ValueTrainer(_TrainProcess):
 
         metrics = run_optimizer_steps(
             self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
-            self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
+            self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss, self.data_parallel,
         )
         return {f"critic/{name}": value for name, value in metrics.items()}
