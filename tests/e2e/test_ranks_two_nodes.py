@@ -27,7 +27,7 @@ def two_node_cluster():
     ray.shutdown()
     cluster.shutdown()
     if was_initialized:
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        ray.init(num_cpus=6, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
 
 
 def test_a_data_parallel_actor_spans_two_nodes_and_trains_through_ray_address(make_args, two_node_cluster, caplog):

@@ -95,7 +95,8 @@ class _TrainProcess:
         self.model = model
         self.model.module.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.data_parallel = data_parallel_rank()  # asked once the model (and its process groups) exist
+        # asked once the model (and its process groups) exist
+        self.data_parallel = data_parallel_rank(args.tensor_model_parallel_size)
 
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str | None:
         if not self.data_parallel.writes_checkpoint:
@@ -147,7 +148,8 @@ class PolicyTrainer(_TrainProcess):
 
     def __init__(self, args, num_threads: int = 1) -> None:
         torch.set_num_threads(num_threads)
-        model = load_train_model(args.train_backend, "actor", _load_dir(args.load, "actor", args.hf_checkpoint), args.seed)
+        model = load_train_model(args.train_backend, "actor", _load_dir(args.load, "actor", args.hf_checkpoint), args.seed,
+                                 args.tensor_model_parallel_size)
         super().__init__(args, model, args.lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
         self.ref_model = self._load_ref_model(args)
@@ -163,7 +165,8 @@ class PolicyTrainer(_TrainProcess):
     def _load_ref_model(args):
         if not (args.use_kl_loss or args.kl_coef != 0):
             return None
-        ref = load_train_model(args.train_backend, "actor", args.ref_load or args.hf_checkpoint, args.seed)
+        ref = load_train_model(args.train_backend, "actor", args.ref_load or args.hf_checkpoint, args.seed,
+                               args.tensor_model_parallel_size)
         ref.module.eval().requires_grad_(False)
         return ref
 
@@ -336,7 +339,7 @@ class ValueTrainer(_TrainProcess):
     def __init__(self, args, num_threads: int = 1) -> None:
         torch.set_num_threads(num_threads)
         folder = _load_dir(args.critic_load, "critic", args.hf_checkpoint)
-        model = load_train_model(args.train_backend, "critic", folder, args.seed + 1)
+        model = load_train_model(args.train_backend, "critic", folder, args.seed + 1, args.tensor_model_parallel_size)
         super().__init__(args, model, args.critic_lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
 
