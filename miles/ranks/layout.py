@@ -64,12 +64,6 @@ def check_rank_layout(args) -> None:
             f"backend trains a whole Hugging Face model per rank). Add --train-backend megatron, or pass "
             "--tensor-model-parallel-size 1 and use data parallelism."
         )
-    if tp > 1 and (args.save or args.load):
-        raise MilesConfigError(
-            f"--tensor-model-parallel-size is {tp} with --{'save' if args.save else 'load'}, but checkpoints of "
-            "tensor-parallel runs are not implemented yet (each rank's optimizer state would need its own file). "
-            "Drop --save/--load, or train with --tensor-model-parallel-size 1 (data-parallel runs save and resume)."
-        )
     for layout in train_layouts(args):
         _check_role(args, layout)
 

@@ -17,8 +17,9 @@ import torch
 import miles.ray.run
 import train
 import train_async
+from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
-from miles.utils.errors import OffPolicyGuardError
+from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 from miles.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -141,3 +142,36 @@ def test_keep_old_actor_at_tensor_parallel_two_passes_the_guard_and_catches_one_
     for record in records:
         assert record["off_policy/denominator_behavior_abs_diff_max"] <= 1e-4
         assert record["off_policy/num_snapshots"] <= 2
+
+
+def test_a_data_parallel_checkpoint_resumes_with_another_data_parallel_size(make_args, tmp_path):
+    """DP replicas are identical, so DP rank 0 saves one ordinary checkpoint, and a one-rank run resumes from it:
+    the rollout count and the weight versions continue."""
+    save = tmp_path / "ckpt"
+    first = _run_sync(make_args(*GRPO, *DP2, "--num-rollout", "2", "--save", str(save),
+                                "--log-dir", str(tmp_path / "dp2")))
+    assert checkpoint.latest_rollout_id(str(save)) == 1
+    assert sorted(path.name for path in checkpoint.rollout_dir(str(save), 1).iterdir()) == ["actor"]
+    resumed = _run_sync(make_args(*GRPO, "--load", str(save), "--log-dir", str(tmp_path / "resumed")))
+    assert [record["rollout_id"] for record in resumed] == [2]
+    saved = checkpoint.load_trainer_state(checkpoint.rollout_dir(str(save), 1) / "actor")
+    assert resumed[0]["rollout/weight_version"] == saved["weight_version"] + 1 == len(first) + 2
+
+
+@pytest.mark.megatron
+def test_a_tensor_parallel_checkpoint_resumes_with_more_data_parallel_ranks_but_not_another_tensor_parallel_size(
+        make_args, tmp_path):
+    """TP rank 0 writes the gathered HF weights and every TP rank's optimizer state (its shards'); a resume at TP=2
+    x DP=2 continues, a resume at TP=1 is refused naming both sizes."""
+    pytest.importorskip("megatron.core")
+    save, megatron = tmp_path / "ckpt", ["--train-backend", "megatron", "--save", str(save), "--load", str(save)]
+    _run_sync(make_args(*GRPO, *megatron, *TP2, "--num-rollout", "2", "--log-dir", str(tmp_path / "tp2")))
+    role_dir = checkpoint.rollout_dir(str(save), 1) / "actor"
+    state = checkpoint.load_trainer_state(role_dir)
+    assert state["tensor_model_parallel_size"] == 2 and len(state["tensor_parallel_optimizers"]) == 2
+    assert (role_dir / "model.safetensors").is_file()  # the whole model, readable by either backend
+    resumed = _run_sync(make_args(*GRPO, *megatron, "--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size",
+                                  "2", "--micro-batch-size", "8", "--log-dir", str(tmp_path / "tp2dp2")))
+    assert [record["rollout_id"] for record in resumed] == [2]
+    with pytest.raises(MilesConfigError, match="saved with --tensor-model-parallel-size 2, but this run uses 1"):
+        _run_sync(make_args(*GRPO, *megatron, "--num-rollout", "4", "--log-dir", str(tmp_path / "tp1")))

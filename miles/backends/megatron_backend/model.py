@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from miles.backends.megatron_backend.cpu_shim import quiet_megatron_warnings
@@ -180,15 +181,24 @@ class MegatronTrainModel(TrainModel):
         whole = gather_state(state, self.partition_dims, self.hf_config.vocab_size, self.tensor_parallel_group)
         return {name: tensor.cpu() for name, tensor in megatron_to_hf(whole, self.layout).items()}
 
-    def save_pretrained(self, folder) -> None:
+    def save_pretrained(self, folder, hf_state: StateDict | None = None) -> None:
         """An ordinary HF folder (either backend loads it): the HF model is built on the meta device (no
         allocation), given the converted tensors, and saved by transformers."""
         auto_class = AutoModelForTokenClassification if self.role == "critic" else AutoModelForCausalLM
         with torch.device("meta"):
             hf_model = auto_class.from_config(self.hf_config, dtype=torch.float32)
-        hf_model.load_state_dict(self.hf_state_dict(), assign=True)
+        hf_model.load_state_dict(self.hf_state_dict() if hf_state is None else hf_state, assign=True)
         hf_model.tie_weights()
         hf_model.save_pretrained(folder)
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return dist.get_rank(self.tensor_parallel_group)
+
+    def gather_over_tensor_parallel(self, obj) -> list:
+        gathered = [None] * dist.get_world_size(self.tensor_parallel_group)
+        dist.all_gather_object(gathered, obj, group=self.tensor_parallel_group)
+        return gathered
 
     def clip_grad_norm(self, max_norm: float) -> float:
         return clip_grad_norm(list(self.module.parameters()), max_norm)

@@ -99,17 +99,27 @@ class _TrainProcess:
         self.data_parallel = data_parallel_rank(args.tensor_model_parallel_size)
 
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str | None:
+        """One checkpoint per role: data-parallel replicas are identical, so only DP rank 0's tensor-parallel ranks
+        take part (they gather the weights and their optimizer states), and its TP rank 0 writes."""
         if not self.data_parallel.writes_checkpoint:
+            return None
+        optimizers = self.model.gather_over_tensor_parallel(self.optimizer.state_dict())  # each is its shards'
+        # Sharded weights are gathered here, where every tensor-parallel rank takes part; whole ones are saved as is.
+        hf_state = self.model.hf_state_dict() if len(optimizers) > 1 else None
+        if self.model.tensor_parallel_rank != 0:
             return None
         state = {
             "rollout_id": rollout_id,
             "train_backend": self.args.train_backend,  # the optimizer state is laid out for its parameters
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizers[0],
+            "tensor_model_parallel_size": len(optimizers),
+            **({"tensor_parallel_optimizers": optimizers} if len(optimizers) > 1 else {}),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
             **(extra_state or {}),
         }
-        return str(checkpoint.save_role(root, rollout_id, self.role, self.model, state, self.args.hf_checkpoint))
+        return str(checkpoint.save_role(root, rollout_id, self.role, self.model, state, self.args.hf_checkpoint,
+                                        hf_state))
 
     def _load_trainer_state(self, root: str) -> dict | None:
         rollout_id = checkpoint.latest_rollout_id(root)
@@ -118,7 +128,9 @@ class _TrainProcess:
         role_dir = checkpoint.rollout_dir(root, rollout_id) / self.role
         state = checkpoint.load_trainer_state(role_dir)
         checkpoint.check_same_train_backend(state, role_dir, self.args.train_backend)
-        self.optimizer.load_state_dict(state["optimizer"])
+        checkpoint.check_same_tensor_parallel_size(state, role_dir, self.args.tensor_model_parallel_size)
+        optimizers = state.get("tensor_parallel_optimizers", [state["optimizer"]])
+        self.optimizer.load_state_dict(optimizers[self.model.tensor_parallel_rank])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         return state
