@@ -164,7 +164,8 @@ def test_a_tensor_parallel_checkpoint_resumes_with_more_data_parallel_ranks_but_
     """TP rank 0 writes the gathered HF weights and every TP rank's optimizer state (its shards'); a resume at TP=2
     x DP=2 continues, a resume at TP=1 is refused naming both sizes."""
     pytest.importorskip("megatron.core")
-    save, megatron = tmp_path / "ckpt", ["--train-backend", "megatron", "--save", str(save), "--load", str(save)]
+    save = tmp_path / "ckpt"
+    megatron = ["--train-backend", "megatron", "--save", str(save), "--load", str(save)]
     _run_sync(make_args(*GRPO, *megatron, *TP2, "--num-rollout", "2", "--log-dir", str(tmp_path / "tp2")))
     role_dir = checkpoint.rollout_dir(str(save), 1) / "actor"
     state = checkpoint.load_trainer_state(role_dir)
