@@ -77,18 +77,13 @@ def _check_role(args, layout: RoleLayout) -> None:
             f"{where}, which --tensor-model-parallel-size {tp} does not divide (every tensor-parallel group needs "
             f"{tp} ranks). Pick a number of ranks that is a multiple of {tp}, or a tensor-parallel size dividing {world}."
         )
-    if args.colocate and world > 1:
-        raise MilesConfigError(
-            f"--colocate is set and {where}; colocated rollout engines share the bundle of a one-rank actor only. "
-            f"Drop --colocate, or train the {role} with one rank (--{role}-num-nodes 1 --{role}-num-gpus-per-node 1)."
-        )
     dp, global_batch, micro = layout.data_parallel_size, args.global_batch_size, args.micro_batch_size
-    if dp > 1 and global_batch % (dp * micro):
+    if global_batch % dp or (global_batch // dp) % min(micro, global_batch // dp):
         raise MilesConfigError(
             f"--global-batch-size {global_batch} is not divisible by the data-parallel size {dp} ({where}, "
             f"tensor-parallel size {tp}) x --micro-batch-size {micro}: every data-parallel rank takes "
-            f"{global_batch} / {dp} samples of each step in whole micro-batches (upstream's rule). "
-            + _batch_fix(global_batch, dp, micro)
+            f"{global_batch} / {dp} samples of each step in whole micro-batches (upstream's rule; a micro-batch "
+            "larger than a rank's share is one pass over it). " + _batch_fix(global_batch, dp, micro)
         )
 
 

@@ -45,7 +45,7 @@ class Placement:
     """The rollout engines' placement group and each engine's bundle; ``release()`` frees all of it.
 
     The train roles have placement groups of their own (``miles.ranks.role``); colocated engines are placed in the
-    actor's (its one rank's bundle), so then ``group`` is the actor's group.
+    actor's (round-robin over its nodes' bundles), so then ``group`` is the actor's group.
     """
 
     group: object
@@ -86,10 +86,10 @@ def reserve_bundles(bundles: list[dict], strategy: str, timeout_s: float, what: 
     return group
 
 
-def create_placement(num_engines: int, colocate: bool, timeout_s: float, actor_group) -> Placement:
-    """One bundle per engine, packed; colocated engines go into the actor's bundle (``actor_group``'s bundle 0)."""
+def create_placement(num_engines: int, colocate: bool, timeout_s: float, actor_group, actor_nodes: int) -> Placement:
+    """One bundle per engine, packed; colocated engines share the actor's bundles (one per node), round-robin."""
     if colocate:
-        return Placement(actor_group, [0] * num_engines)
+        return Placement(actor_group, [engine % actor_nodes for engine in range(num_engines)])
     group = reserve_bundles([{"CPU": CPUS_PER_BUNDLE}] * num_engines, "PACK", timeout_s,
                             f"the run's {num_engines} rollout engine(s)")
     return Placement(group, list(range(num_engines)))

@@ -194,7 +194,7 @@ def training_run(args, driver: str):
         try:
             actor, critic = _create_train_roles(args, roles)
             placement = create_placement(args.rollout_num_engines, args.colocate, args.ray_placement_timeout,
-                                         actor.group)
+                                         actor.group, actor.layout.num_nodes)
             rollout_manager = create_rollout_manager(args, placement)
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
