@@ -23,13 +23,11 @@ from miles.ranks.layout import train_layouts
 from miles.ranks.role import TrainRole
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
-from miles.rollout.data_source import load_prompt_data
 from miles.rollout.embedded import ensure_embedded_default
-from miles.rollout.rm import get_reward_fn
 from miles.utils import off_policy
-from miles.utils.errors import MilesConfigError, OffPolicyGuardError
-from miles.utils.hf import check_hf_checkpoint
+from miles.utils.errors import OffPolicyGuardError
 from miles.utils.plot import plot_run
+from miles.utils.preflight import check_rollouts_left, preflight
 from miles.utils.tracking import MetricsTracker, default_log_dir, format_summary
 
 logger = logging.getLogger("miles")
@@ -50,34 +48,6 @@ def resolve_run_paths(args, driver: str) -> None:
     if args.log_dir is None:
         args.log_dir = default_log_dir(driver, args.advantage_estimator)
         logger.info("derived log_dir = %s", args.log_dir)
-
-
-def preflight(args) -> int:
-    """Fail on bad input in this process, before Ray starts or anything is written (each raises MilesConfigError).
-
-    Returns the number of training prompts.
-    """
-    check_hf_checkpoint(args.hf_checkpoint)
-    if args.train_backend == "megatron":
-        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
-                               tensor_parallel_size=args.tensor_model_parallel_size)
-    prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
-    if args.eval_prompt_data is not None:
-        load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key, flag="--eval-prompt-data")
-    get_reward_fn(args.rm_type, args.custom_rm_path)
-    return len(prompts)
-
-
-def check_rollouts_left(args) -> None:
-    """A resume whose checkpoint already reached --num-rollout has nothing to train: say so before Ray starts."""
-    saved = checkpoint.latest_rollout_id(args.load) if args.load else None
-    start = args.start_rollout_id if args.start_rollout_id is not None else (saved + 1 if saved is not None else 0)
-    if start >= args.num_rollout:
-        raise MilesConfigError(
-            f"there is nothing to train: the run would start at rollout {start}"
-            + (f" (--load {args.load} holds rollout {saved})" if saved is not None else "")
-            + f", but --num-rollout is {args.num_rollout}. Raise --num-rollout to train further."
-        )
 
 
 @dataclass

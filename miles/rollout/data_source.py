@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from miles.utils.errors import MilesConfigError
@@ -20,20 +20,36 @@ def load_prompt_data(path: str, input_key: str, label_key: str | None, flag: str
     file = Path(path).expanduser()
     if not file.is_file():
         example = json.dumps({input_key: "3+4=", label_key or "label": "7"})
+        what = "a folder, not a file" if file.is_dir() else "no such file"
         raise MilesConfigError(
-            f"{flag} {path!r}: no such file. Pass a JSONL file with one object per line, e.g. {example}, "
+            f"{flag} {path!r}: {what}. Pass a JSONL file with one object per line, e.g. {example}, "
             f"or leave the flag out for the embedded task."
         )
     prompts = []
-    with file.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if line.strip():
-                prompts.append(_parse_line(line, line_number, f"{flag} {path!r}", input_key, label_key))
+    for line_number, line in _utf8_lines(file, f"{flag} {path!r}"):
+        if line.strip():
+            prompts.append(_parse_line(line, line_number, f"{flag} {path!r}", input_key, label_key))
     if not prompts:
         raise MilesConfigError(
             f"{flag} {path!r} has no prompts (the file is empty or blank). Write one JSON object per line."
         )
     return prompts
+
+
+def _utf8_lines(file: Path, source: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line; a line that is not UTF-8 is an error naming its line and byte offset."""
+    offset = 0
+    with file.open("rb") as raw_lines:
+        for line_number, raw in enumerate(raw_lines, start=1):
+            try:
+                yield line_number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MilesConfigError(
+                    f"{source} line {line_number} (byte {offset + exc.start} of the file) is not UTF-8 "
+                    f"({raw[exc.start:exc.start + 1]!r}: {exc.reason}). Save the file as UTF-8, e.g. "
+                    f"iconv -f latin1 -t utf-8."
+                ) from None
+            offset += len(raw)
 
 
 def _parse_line(line: str, line_number: int, source: str, input_key: str, label_key: str | None) -> dict:

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from miles.rollout.prompt_tokens import encode_prompts
 from miles.utils.errors import MilesConfigError
 from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.hf import load_causal_lm, load_tokenizer
@@ -69,7 +70,7 @@ class TorchRolloutEngine:
         A response stops after ``<eos>`` (included, COMPLETED) or after ``max_response_len`` tokens (TRUNCATED).
         """
         _check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
-        prompt_ids = self._encode_prompts(prompts)
+        prompt_ids = self._encode_prompts(prompts, max_response_len)
         version_at_start = self.weight_version
         generator = torch.Generator().manual_seed(_mix_seeds(self.seed, seed))
         with torch.inference_mode():
@@ -91,14 +92,10 @@ class TorchRolloutEngine:
             for index, row in enumerate(zip(rows, response_ids, response_log_probs, strict=True))
         ]
 
-    def _encode_prompts(self, prompts: list[dict]) -> list[list[int]]:
-        encoded = self.tokenizer([item["prompt"] for item in prompts])["input_ids"]
-        for item, ids in zip(prompts, encoded, strict=True):
-            if not ids:
-                raise MilesConfigError(
-                    f"prompt {item['prompt']!r} encodes to no tokens; every prompt needs at least one token."
-                )
-        return [list(ids) for ids in encoded]
+    def _encode_prompts(self, prompts: list[dict], max_response_len: int) -> list[list[int]]:
+        texts = [item["prompt"] for item in prompts]
+        max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        return encode_prompts(self.tokenizer, texts, max_positions, max_response_len, lambda i: f"prompt {texts[i]!r}")
 
     def _make_sample(
         self,

@@ -14,6 +14,7 @@ import argparse
 from miles.ranks.layout import check_rank_layout
 from miles.utils import flags
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
+from miles.utils.flag_rules import check_flag_values
 
 ASYNC_PPO_CORRECTION_MESSAGE = (
     "Async PPO training requires an explicit behavior-policy correction: the async loop generates rollout k+1 "
@@ -115,7 +116,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
 def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="miles: RL post-training (PPO, GRPO, GSPO, REINFORCE++) for causal language models.",
-        epilog=flags.departures_epilog(),
+        epilog=flags.help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return get_miles_extra_args_provider(add_custom_arguments)(parser)
@@ -134,6 +135,7 @@ def miles_validate_args(args) -> None:
     Never rewrites a value the user set: derived values only fill flags left at ``None``, and each one is
     recorded in ``args.derived`` (``train()`` logs them once, after logging is configured).
     """
+    check_flag_values(args)  # first: derived values must not be filled from a value out of range
     args.derived = []
     _derive(args, "use_critic", args.advantage_estimator == "ppo", "advantage estimator is ppo")
     _fill(args, "eps_clip_high", args.eps_clip, "--eps-clip")
@@ -142,14 +144,11 @@ def miles_validate_args(args) -> None:
     _fill(args, "critic_save", args.save, "--save")
     _fill(args, "critic_num_nodes", args.actor_num_nodes, "--actor-num-nodes")
     _fill(args, "critic_num_gpus_per_node", args.actor_num_gpus_per_node, "--actor-num-gpus-per-node")
-    _check_positive_sizes(args)
     _derive_batch_sizes(args)
     _check_corrections(args)
     _check_kl(args)
-    _check_clip(args)
     _check_estimator_requirements(args)
     _check_checkpointing(args)
-    _check_guard_settings(args)
     check_rank_layout(args)
 
 
@@ -163,31 +162,9 @@ def _fill(args, name: str, value, source: str) -> None:
         _derive(args, name, value, f"from {source}")
 
 
-def _check_positive_sizes(args) -> None:
-    for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size",
-                 "update_weights_interval", "rollout_max_response_len", "rollout_num_engines"):
-        value = getattr(args, name)
-        if value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise MilesConfigError(f"{flag} is {value}, but it must be at least 1. Pass {flag} 1 or more.")
-    if args.num_epoch is not None and args.num_epoch < 1:
-        raise MilesConfigError(
-            f"--num-epoch is {args.num_epoch}, but it must be at least 1. Pass 1 or more, or use --num-rollout."
-        )
-    if args.rollout_temperature <= 0:
-        raise MilesConfigError(
-            f"--rollout-temperature is {args.rollout_temperature}, but sampling needs a temperature > 0 "
-            "(log-probs are taken under logits / temperature). Pass e.g. --rollout-temperature 1.0."
-        )
-
-
 def _derive_batch_sizes(args) -> None:
     """global_batch_size * num_steps_per_rollout must equal the samples of one rollout (upstream's rule)."""
     samples = args.rollout_batch_size * args.n_samples_per_prompt
-    if args.num_steps_per_rollout is not None and args.num_steps_per_rollout < 1:
-        raise MilesConfigError(
-            f"--num-steps-per-rollout is {args.num_steps_per_rollout}, but it must be at least 1."
-        )
     if args.num_steps_per_rollout is None and args.global_batch_size is None:
         _derive(args, "num_steps_per_rollout", 1, "neither it nor --global-batch-size was given")
     if args.num_steps_per_rollout is not None:
@@ -206,7 +183,7 @@ def _derive_batch_sizes(args) -> None:
             )
         _fill(args, "global_batch_size", samples // steps, "--num-steps-per-rollout")
         return
-    if args.global_batch_size < 1 or samples % args.global_batch_size:
+    if samples % args.global_batch_size:
         raise MilesConfigError(
             f"--global-batch-size {args.global_batch_size} does not divide the {samples} samples of a rollout "
             f"(--rollout-batch-size x --n-samples-per-prompt). Pick a divisor of {samples}."
@@ -220,7 +197,7 @@ def _check_corrections(args) -> None:
             "--use-rollout-logprobs and --use-tis are both set, but they exclude each other: with the rollout "
             "log-probs as denominator the TIS weight pi_old/pi_rollout is 1 by construction. Keep one of them."
         )
-    if args.tis_clip_low < 0 or args.tis_clip <= args.tis_clip_low:
+    if args.tis_clip <= args.tis_clip_low:
         raise MilesConfigError(
             f"--tis-clip-low {args.tis_clip_low} and --tis-clip {args.tis_clip} must satisfy "
             "0 <= --tis-clip-low < --tis-clip. Pass e.g. --tis-clip-low 0 --tis-clip 2."
@@ -247,22 +224,12 @@ def _check_kl(args) -> None:
         )
 
 
-def _check_clip(args) -> None:
-    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
-        raise MilesConfigError(
-            f"--eps-clip-c is {args.eps_clip_c}, but the dual-clip constant must be > 1 (it caps -A * ratio at "
-            "-c * A for negative advantages). Pass e.g. --eps-clip-c 3, or leave it unset."
-        )
-
-
 def _check_estimator_requirements(args) -> None:
     if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
         raise MilesConfigError(
             f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages (REINFORCE++ "
             "whitens its returns over the batch). Add --normalize-advantages."
         )
-    if args.use_critic and args.num_critic_only_steps < 0:
-        raise MilesConfigError(f"--num-critic-only-steps is {args.num_critic_only_steps}, but it must be >= 0.")
 
 
 def _check_checkpointing(args) -> None:
@@ -270,22 +237,4 @@ def _check_checkpointing(args) -> None:
         raise MilesConfigError(
             f"--save-interval {args.save_interval} is set without --save, so there is nowhere to save. Add "
             "--save FOLDER, or drop --save-interval."
-        )
-    if args.save_interval is not None and args.save_interval < 1:
-        raise MilesConfigError(f"--save-interval is {args.save_interval}, but it must be at least 1.")
-
-
-def _check_guard_settings(args) -> None:
-    if not args.keep_old_actor_tol > 0:
-        raise MilesConfigError(
-            f"--keep-old-actor-tol is {args.keep_old_actor_tol}, but it must be > 0. Pass e.g. 1e-4 (torch engine)."
-        )
-    if args.max_weight_staleness is not None and args.max_weight_staleness < 0:
-        raise MilesConfigError(
-            f"--max-weight-staleness is {args.max_weight_staleness}, but it must be >= 0. Pass a number of rollouts, "
-            "e.g. 1, or leave it unset."
-        )
-    if args.max_behavior_kl is not None and not args.max_behavior_kl > 0:
-        raise MilesConfigError(
-            f"--max-behavior-kl is {args.max_behavior_kl}, but it must be > 0. Pass e.g. 0.1, or leave it unset."
         )

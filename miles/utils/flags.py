@@ -277,8 +277,17 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
     group.add_argument(
         "--save-interval", type=int, default=None, help="Save every N rollouts (requires --save). (default: at the end only)"
     )
-    group.add_argument("--load", default=None, help="Resume from the latest complete checkpoint in this folder.")
-    group.add_argument("--critic-load", default=None, help="Critic checkpoint folder. (default: --load)")
+    group.add_argument(
+        "--load",
+        default=None,
+        help="Resume from the latest complete checkpoint in this folder. It must hold one, unless it is also --save: "
+        "then a relaunch resumes if a checkpoint exists and starts fresh otherwise.",
+    )
+    group.add_argument(
+        "--critic-load",
+        default=None,
+        help="Critic checkpoint folder (the same rule, with --critic-save). (default: --load)",
+    )
     group.add_argument("--critic-save", default=None, help="Critic save folder. (default: --save)")
     group.add_argument(
         "--eval-interval", type=int, default=25, help="Evaluate on the held-out split every N rollouts; 0 disables. (default: %(default)s)"
@@ -305,8 +314,13 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
     )
 
 
-def departures_epilog() -> str:
-    lines = ["defaults that depart from upstream miles (all chosen so a bare launch trains the embedded default):"]
+def help_epilog() -> str:
+    lines = [
+        "every numeric flag's range, and every path and prompt file, is checked before Ray starts "
+        "(docs/training.md, 'Checked at startup').",
+        "",
+        "defaults that depart from upstream miles (all chosen so a bare launch trains the embedded default):",
+    ]
     for flag, (ours, upstream, why) in UPSTREAM_DEFAULT_DEPARTURES.items():
         lines.append(f"  {flag} {ours} (upstream: {upstream}): {why}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -51,20 +52,54 @@ def load_value_model(hf_checkpoint: str) -> torch.nn.Module:
         transformers_logging.set_verbosity(verbosity)
 
 
-def check_hf_checkpoint(hf_checkpoint: str) -> Path:
-    """The folder, or a clear error for a missing one or one without config.json (before any process starts)."""
+HF_CHECKPOINT_FIX = (
+    "Pass a local Hugging Face causal-LM folder written by save_pretrained() (config.json + weights + tokenizer), "
+    "or leave the flag out to use the embedded default."
+)
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def check_hf_checkpoint(hf_checkpoint: str, flag: str = "--hf-checkpoint", fix: str = HF_CHECKPOINT_FIX) -> Path:
+    """The folder, or one clear error for a missing folder, a missing config.json, or weights that are missing or
+    incomplete (read from the safetensors headers, without loading a tensor), before any process starts."""
     folder = Path(hf_checkpoint).expanduser()
-    if not folder.is_dir():
-        raise MilesConfigError(
-            f"--hf-checkpoint {hf_checkpoint!r}: no such folder. Pass a local Hugging Face causal-LM folder "
-            f"(config.json + weights + tokenizer), or leave the flag out to use the embedded default."
-        )
-    if not (folder / "config.json").is_file():
-        raise MilesConfigError(
-            f"--hf-checkpoint {hf_checkpoint!r}: the folder has no config.json, so it is not a Hugging Face model "
-            f"folder. Pass a folder written by save_pretrained(), or leave the flag out to use the embedded default."
-        )
+    problem = _hf_folder_problem(folder)
+    if problem is not None:
+        raise MilesConfigError(f"{flag} {hf_checkpoint!r}: {problem}. {fix}")
     return folder
+
+
+def _hf_folder_problem(folder: Path) -> str | None:
+    """What keeps ``folder`` from loading as a Hugging Face model, in a few words; ``None`` when nothing does."""
+    if not folder.is_dir():
+        return "no such folder" if not folder.exists() else "a file, not a folder"
+    if not (folder / "config.json").is_file():
+        return "the folder has no config.json, so it is not a Hugging Face model folder"
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return f"{SAFETENSORS_INDEX} is not a valid index ({exc!r})"
+        return next(filter(None, (_safetensors_problem(folder / shard) for shard in shards)), None)
+    if (folder / "model.safetensors").is_file():
+        return _safetensors_problem(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").is_file():
+        return None  # a pickle has no header to check without reading it all; transformers reports a bad one
+    return f"the folder has no weights ({' or '.join(WEIGHT_FILES + (SAFETENSORS_INDEX,))})"
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """safetensors checks the header and that the file is as long as the header says: a truncated or damaged file
+    fails here, in about a millisecond, instead of in a train actor's __init__."""
+    if not path.is_file():
+        return f"its weights file {path.name} is missing"
+    try:
+        with safe_open(str(path), framework="pt"):
+            return None
+    except (SafetensorError, OSError) as exc:
+        return f"its weights file {path.name} is truncated or damaged ({exc})"
 
 
 def _load_model(auto_class, hf_checkpoint: str, what: str, **config_overrides) -> torch.nn.Module:

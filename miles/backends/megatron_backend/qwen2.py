@@ -63,12 +63,16 @@ class Qwen2Layout:
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_query_groups
 
-    def head_names(self) -> list[tuple[str, str]]:
-        """(HF name, Megatron name) of the output head's tensors; none for a tied causal LM."""
-        if self.tied_embeddings:
-            return []
-        kinds = ("weight", "bias") if self.role == "critic" else ("weight",)
-        return [(f"{HF_HEADS[self.role]}.{kind}", f"{MEGATRON_HEAD}.{kind}") for kind in kinds]
+    def one_to_one_names(self) -> list[tuple[str, str]]:
+        """(HF name, Megatron name) of every tensor that maps as it is: the tables, per layer, and the output head
+        (none for a tied causal LM)."""
+        names = list(GLOBAL)
+        for i in range(self.num_layers):
+            names += [(hf_name.format(i=i), megatron_name.format(i=i)) for hf_name, megatron_name in PER_LAYER]
+        if not self.tied_embeddings:
+            kinds = ("weight", "bias") if self.role == "critic" else ("weight",)
+            names += [(f"{HF_HEADS[self.role]}.{kind}", f"{MEGATRON_HEAD}.{kind}") for kind in kinds]
+        return names
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Qwen2Layout) -> torch.Tensor:
@@ -114,17 +118,13 @@ class _Consumer:
 def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], layout: Qwen2Layout) -> dict[str, torch.Tensor]:
     """Megatron GPTModel tensors (new tensors) from a Hugging Face Qwen2 state dict."""
     take = _Consumer(hf_state, "Hugging Face")
-    out = {megatron_name: take(hf_name).clone() for hf_name, megatron_name in GLOBAL}
+    out = {megatron_name: take(hf_name).clone() for hf_name, megatron_name in layout.one_to_one_names()}
     for i in range(layout.num_layers):
-        for hf_name, megatron_name in PER_LAYER:
-            out[megatron_name.format(i=i)] = take(hf_name.format(i=i)).clone()
         for kind in ("weight", "bias"):
             q, k, v = (take(HF_ATTENTION.format(i=i, proj=proj, kind=kind)) for proj in "qkv")
             out[MEGATRON_QKV.format(i=i, kind=kind)] = _fuse_qkv(q, k, v, layout)
         gate, up = (take(HF_MLP.format(i=i, proj=proj)) for proj in ("gate", "up"))
         out[MEGATRON_FC1.format(i=i)] = torch.cat([gate, up], dim=0)
-    for hf_name, megatron_name in layout.head_names():
-        out[megatron_name] = take(hf_name).clone()
     if layout.tied_embeddings:
         take.discard("lm_head.weight")  # the same tensor as embed_tokens
     take.check_all_used()
@@ -138,18 +138,14 @@ def megatron_to_hf(megatron_state: Mapping[str, object], layout: Qwen2Layout) ->
     of the embeddings, as ``state_dict()`` of the HF model lists it (the engines fingerprint that state dict).
     """
     take = _Consumer(megatron_state, "Megatron")
-    out = {hf_name: take(megatron_name).clone() for hf_name, megatron_name in GLOBAL}
+    out = {hf_name: take(megatron_name).clone() for hf_name, megatron_name in layout.one_to_one_names()}
     for i in range(layout.num_layers):
-        for hf_name, megatron_name in PER_LAYER:
-            out[hf_name.format(i=i)] = take(megatron_name.format(i=i)).clone()
         for kind in ("weight", "bias"):
             q, k, v = _split_qkv(take(MEGATRON_QKV.format(i=i, kind=kind)), layout)
             for proj, tensor in zip("qkv", (q, k, v), strict=True):
                 out[HF_ATTENTION.format(i=i, proj=proj, kind=kind)] = tensor
         gate, up = take(MEGATRON_FC1.format(i=i)).chunk(2, dim=0)
         out[HF_MLP.format(i=i, proj="gate")], out[HF_MLP.format(i=i, proj="up")] = gate.clone(), up.clone()
-    for hf_name, megatron_name in layout.head_names():
-        out[hf_name] = take(megatron_name).clone()
     if layout.tied_embeddings:
         out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
     take.check_all_used()

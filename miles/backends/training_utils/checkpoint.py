@@ -79,14 +79,24 @@ def mark_latest(root: str, rollout_id: int) -> None:
 
 
 def latest_rollout_id(root: str) -> int | None:
+    """The rollout id the latest marker names; ``None`` without a marker. A marker that is not a rollout id (a
+    hand edit, a foreign file) is a ``MilesConfigError``: mark_latest never writes one."""
     marker = Path(root) / LATEST_FILE
     if not marker.is_file():
         return None
-    return int(marker.read_text().strip())
+    with marker.open("rb") as file:
+        text = file.read(64).decode("utf-8", errors="replace").strip()
+    if not text.isdigit():
+        raise MilesConfigError(
+            f"{marker} reads {text!r}, not a rollout id, so the checkpoint in {root} cannot be found. Write the id of "
+            f"a complete rollout_NNNNNN folder in it (e.g. 9 for rollout_000009), or load another folder."
+        )
+    return int(text)
 
 
-def load_trainer_state(role_dir: Path) -> dict:
-    return torch.load(role_dir / TRAINER_STATE_FILE, weights_only=False)
+def load_trainer_state(role_dir: Path, mmap: bool = False) -> dict:
+    """``mmap=True`` maps the tensors instead of reading them: a cheap check that the file loads."""
+    return torch.load(role_dir / TRAINER_STATE_FILE, weights_only=False, mmap=mmap)
 
 
 def check_same_train_backend(trainer_state: dict, role_dir: Path, train_backend: str) -> None:

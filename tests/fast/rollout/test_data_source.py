@@ -37,6 +37,21 @@ def test_missing_file_is_a_clear_error(tmp_path):
         load_prompt_data(str(tmp_path / "nope.jsonl"), "prompt", "label")
 
 
+def test_a_folder_is_named_as_a_folder(tmp_path):
+    with pytest.raises(MilesConfigError, match=r"^--prompt-data .*: a folder, not a file\. Pass a JSONL file"):
+        load_prompt_data(str(tmp_path), "prompt", "label")
+
+
+def test_a_file_that_is_not_utf8_names_the_line_and_byte(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    first = '{"prompt": "1+1=", "label": "2"}\n'.encode()
+    path.write_bytes(first + '{"prompt": "caf\u00e9", "label": "2"}\n'.encode("latin-1"))
+    offset = len(first) + len(b'{"prompt": "caf')  # the latin-1 byte 0xe9
+    with pytest.raises(MilesConfigError, match=rf"^--prompt-data .* line 2 \(byte {offset} of the file\) is not UTF-8 "
+                                               r"\(b'\\xe9': invalid continuation byte\)\. Save the file as UTF-8"):
+        load_prompt_data(str(path), "prompt", "label")
+
+
 @pytest.mark.parametrize("text", ["", "\n  \n\n"])
 def test_empty_file_is_a_clear_error(tmp_path, text):
     with pytest.raises(MilesConfigError, match="has no prompts"):

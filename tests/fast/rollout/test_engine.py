@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from safetensors.torch import save_file
 
 from miles.rollout.engine import TorchRolloutEngine, left_pad
 from miles.utils.errors import MilesConfigError
@@ -205,12 +206,30 @@ def test_a_prompt_without_tokens_is_a_config_error(embedded):
         engine.generate([{"prompt": "", "label": "0"}], 1, 1.0, 3, seed=0)
 
 
+def test_a_prompt_outside_the_vocabulary_names_its_characters_not_a_missing_unk(engine):
+    # The embedded tokenizer has no unknown token; the tokenizers library's own message names an absent [UNK].
+    with pytest.raises(MilesConfigError, match=r"^prompt '1\+é=' has characters that are not in the vocabulary of "
+                                               r"the --hf-checkpoint tokenizer \('é'\)") as caught:
+        engine.generate([{"prompt": "1+1=", "label": "2"}, {"prompt": "1+é=", "label": "2"}], 1, 1.0, 3, seed=0)
+    assert "[UNK]" not in str(caught.value)
+
+
+def test_a_prompt_that_does_not_fit_the_model_s_positions_is_refused_when_first_generated(engine):
+    with pytest.raises(MilesConfigError, match=r"^prompt '1\+' is 3 tokens, which with --rollout-max-response-len 62 "
+                                               r"exceeds the model's 64 positions"):
+        engine.generate([{"prompt": "1+", "label": "1"}], 1, 1.0, 62, seed=0)
+    assert len(engine.generate([{"prompt": "1+", "label": "1"}], 1, 1.0, 61, seed=0)) == 1  # 3 + 61 = 64 fit
+
+
 def test_missing_or_invalid_checkpoint_folders_are_config_errors(tmp_path):
     with pytest.raises(MilesConfigError, match=r"--hf-checkpoint .*nope.*no such folder"):
         TorchRolloutEngine(str(tmp_path / "nope"), seed=0)
     with pytest.raises(MilesConfigError, match=r"has no config\.json"):
         TorchRolloutEngine(str(tmp_path), seed=0)
     (tmp_path / "config.json").write_text('{"model_type": "not-a-model"}')
+    with pytest.raises(MilesConfigError, match=r"the folder has no weights"):
+        TorchRolloutEngine(str(tmp_path), seed=0)
+    save_file({"weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(MilesConfigError, match=r"transformers cannot load a causal LM"):
         TorchRolloutEngine(str(tmp_path), seed=0)
 

@@ -95,13 +95,13 @@ def test_every_interval_the_message_suggests_is_accepted(max_weight_staleness, u
         check_async_max_weight_staleness(_staleness_args(max_weight_staleness, interval))
 
 
-# ---------------------------------------------------------------- the guard flags' ranges (_check_guard_settings)
+# ---------------------------------------------------------------- the guard flags' ranges (flag_rules.FLAG_RULES)
 
 
 @pytest.mark.parametrize(
     "argv, fragments",
     [
-        (["--keep-old-actor-tol", "0"], ["--keep-old-actor-tol is 0.0", "must be > 0", "Pass e.g. 1e-4"]),
+        (["--keep-old-actor-tol", "0"], ["--keep-old-actor-tol is 0.0", "must be > 0", "Pass e.g. --keep-old-actor-tol 1e-4"]),
         (["--keep-old-actor-tol=-1e-4"], ["--keep-old-actor-tol is -0.0001", "must be > 0"]),
         (["--keep-old-actor-tol", "nan"], ["--keep-old-actor-tol is nan", "must be > 0"]),
         (["--max-weight-staleness=-1"], ["--max-weight-staleness is -1", "must be >= 0"]),

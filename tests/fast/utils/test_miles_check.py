@@ -1,5 +1,6 @@
 """miles-check: the shell-script reader, the per-launch check and the CLI's output and exit codes."""
 
+import json
 import shlex
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from miles.utils.check import (
     driver_position,
     logical_commands,
     main,
+    path_command_output,
     resolve_words,
     scan_script,
 )
@@ -209,9 +211,14 @@ class TestScanScript:
         )
         first, second = scan_script(text).invocations
         assert [(word.text, word.reason) for word in first.args] == [
-            ("$FIX", "FIX is assigned under a condition at line 4, which miles-check does not evaluate"),
-            ("${ARGS[@]}", "ARGS is assigned under a condition at line 6, which miles-check does not evaluate"),
+            ("$FIX", "FIX is assigned under a condition at line 4, which miles-check does not evaluate (it holds "
+                     "the words assigned there or the ones it had before)"),
+            ("${ARGS[@]}", "ARGS is assigned under a condition at line 6, which miles-check does not evaluate (it "
+                           "holds the words assigned there or the ones it had before)"),
         ]
+        # what each could hold: FIX came from the environment before (anything); ARGS, an array, was empty
+        assert first.args[0].could_hold[0] == "" and first.args[0].could_hold[1].could_hold is None
+        assert first.args[1].could_hold == ("--use-tis",)
         assert second.args == ["--use-tis"]
 
     def test_invocation_inside_a_function_is_found(self):
@@ -243,19 +250,139 @@ class TestScanScript:
                                         "line 3: python3 tools/convert.py --in a --out b"]
 
 
+class TestScriptFolderIdioms:
+    SCRIPT = "/repo/scripts/run/launch.sh"
+    VARIABLES = {"0": [SCRIPT], "BASH_SOURCE": [SCRIPT], "SCRIPT_DIR": ["/repo/scripts/run"]}
+
+    @pytest.mark.parametrize(
+        "command, output",
+        [('cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd', "/repo/scripts/run"),
+         ('cd "$(dirname "$0")" && pwd', "/repo/scripts/run"),
+         ('dirname "$0"', "/repo/scripts/run"),
+         ('cd -- "${SCRIPT_DIR}/../.." >/dev/null 2>&1 && pwd', "/repo"),
+         ('basename "$0" .sh', "launch.sh")],
+    )
+    def test_path_idioms_give_the_folder_the_path_text_names(self, command, output):
+        assert path_command_output(command, self.VARIABLES) == output
+
+    @pytest.mark.parametrize(
+        "command",
+        ["date +%Y%m%d_%H%M%S", "cd scripts && pwd", "pwd", 'cd "$UNSET_DIR" && pwd', 'cd /x || pwd',
+         "git rev-parse --show-toplevel"],
+    )
+    def test_anything_else_is_not_evaluated(self, command):
+        assert path_command_output(command, self.VARIABLES) is None
+
+    def test_script_dir_resolves_from_the_script_path_and_stays_unresolved_without_it(self):
+        text = ('SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+                'python3 "${SCRIPT_DIR}/train.py" --save "${SCRIPT_DIR}/ckpt" --seed "$(basename "$0")"\n')
+        (invocation,) = scan_script(text, "/repo/scripts/launch.sh").invocations
+        assert invocation.args == ["--save", "/repo/scripts/ckpt", "--seed", "launch.sh"]
+        (invocation,) = scan_script(text).invocations
+        assert isinstance(invocation.args[1], Unresolved) and "runs no commands" in invocation.args[1].reason
+
+
+class TestReadMapfileEval:
+    def test_read_a_from_a_resolved_here_string_splits_it_into_elements(self):
+        text = 'LINE="--num-layers 36 --swiglu"\nread -ra MODEL <<< "$LINE"\npython3 train.py "${MODEL[@]}"\n'
+        assert _only_invocation(text).args == ["--num-layers", "36", "--swiglu"]
+
+    def test_read_a_from_a_command_says_what_really_happened(self):
+        text = ('MODEL_ARGS_LINE="$(python3 tools/model_args.py qwen3-4B)" || exit 1\n'
+                'read -ra MODEL_ARGS <<< "${MODEL_ARGS_LINE}"\npython3 train.py "${MODEL_ARGS[@]}"\n')
+        (word,) = _only_invocation(text).args
+        assert word.text == "${MODEL_ARGS[@]}" and word.several
+        assert word.reason == ("MODEL_ARGS is assigned at line 2 by `read -ra` from ${MODEL_ARGS_LINE}: "
+                               "MODEL_ARGS_LINE=$(python3 tools/model_args.py qwen3-4B): command substitution: "
+                               "miles-check runs no commands")
+
+    def test_mapfile_takes_one_element_per_line_and_names_a_process_substitution(self):
+        text = ('LINES="--seed\n1"\nmapfile -t A <<< "$LINES"\nreadarray B < <(./list.sh --all)\n'
+                'python3 train.py "${A[@]}" "${B[@]}"\n')
+        seed, one, rest = _only_invocation(text.replace("\\n", "\n")).args
+        assert (seed, one) == ("--seed", "1")
+        assert rest.reason.startswith("B is assigned at line 4 by `readarray` from <(./list.sh --all): a process")
+
+    def test_eval_of_an_array_assignment(self):
+        resolved = 'L="--seed 3"\neval "A=(${L})"\npython3 train.py "${A[@]}"\n'
+        assert _only_invocation(resolved).args == ["--seed", "3"]
+        (word,) = _only_invocation('eval "A=(${HELPER_OUT})"\npython3 train.py "${A[@]}"\n').args
+        assert word.several and word.reason.startswith('A is assigned at line 1 by eval of "A=(${HELPER_OUT})": '
+                                                       "HELPER_OUT is not assigned")
+
+    def test_a_resolved_eval_string_is_read_as_commands(self):
+        invocation = _only_invocation('CMD="python3 train.py --seed 4"\n\neval "$CMD"\n')
+        assert (invocation.line, invocation.args) == (3, ["--seed", "4"])
+
+
+    def test_a_process_substitution_as_output_is_no_argument(self):
+        invocation = _only_invocation("python3 train.py --seed 1 2> >(tee err.log) --lr 1\n")
+        assert invocation.args == ["--seed", "1", "--lr", "1"]
+
+    def test_bare_builtins_and_a_sourced_process_substitution_do_not_break_the_walk(self):
+        text = ('read\nmapfile\neval\nsource\neval "$(conda shell.bash hook)"\nsource <(echo B=1)\n'
+                "python3 train.py $B\n")
+        (word,) = _only_invocation(text).args
+        assert "<(...), sourced at line 6 and not read (a process substitution" in word.reason
+
+
+class TestSource:
+    def _write(self, folder, name, text):
+        path = folder / name
+        path.write_text(text)
+        return path
+
+    def test_a_sourced_file_assigns_and_its_launch_is_reported_in_that_file(self, tmp_path):
+        self._write(tmp_path, "common.sh", 'HERE="$(dirname "${BASH_SOURCE[0]}")"\nBASE=(--seed 5)\n'
+                                           'python3 train.py --num-rollout 1\n')
+        script = self._write(tmp_path, "run.sh", 'D="$(cd "$(dirname "$0")" && pwd)"\nsource "$D/common.sh"\n'
+                                                 'python3 train.py "${BASE[@]}" --save "$HERE"\n')
+        scan = scan_script(script.read_text(), str(script))
+        assert [(i.file, i.line, i.args) for i in scan.invocations] == [
+            (str(tmp_path / "common.sh"), 3, ["--num-rollout", "1"]),
+            (None, 3, ["--seed", "5", "--save", str(tmp_path)]),
+        ]
+
+    def test_a_source_it_cannot_follow_is_named_where_a_variable_may_come_from(self, tmp_path):
+        text = "source env/common.sh\n. /no/such/file.sh\npython3 train.py --lr $LR\n"
+        (word,) = _only_invocation(text).args[1:]
+        assert ("env/common.sh, sourced at line 1 and not read (a relative path, which bash looks up from the "
+                "directory the script is started in)") in word.reason
+        assert "/no/such/file.sh, sourced at line 2 and not read (no such file)" in word.reason
+
+    def test_a_source_cycle_and_deep_nesting_stop(self, tmp_path):
+        self._write(tmp_path, "a.sh", f'source "{tmp_path}/b.sh"\nA=1\n')
+        self._write(tmp_path, "b.sh", f'source "{tmp_path}/a.sh"\nB=1\n')
+        script = self._write(tmp_path, "run.sh", f'source "{tmp_path}/a.sh"\npython3 train.py --seed $A$B\n')
+        assert scan_script(script.read_text(), str(script)).invocations[0].args == ["--seed", "11"]
+        for depth in range(12):  # d0.sh sources d1.sh ... sources d11.sh, which sets DEEP
+            self._write(tmp_path, f"d{depth}.sh", f'source "{tmp_path}/d{depth + 1}.sh"\n')
+        self._write(tmp_path, "d12.sh", "DEEP=1\n")
+        deep = f'source "{tmp_path}/d0.sh"\npython3 train.py --seed $DEEP\n'
+        (word,) = scan_script(deep, str(script)).invocations[0].args[1:]
+        assert "sourced files nest deeper than 8" in word.reason
+
+
 class TestCheckLaunch:
-    def test_unresolved_value_of_a_known_flag_leaves_the_flag_at_its_default(self):
+    def test_a_correction_passes_the_contract_whatever_the_unresolved_estimator_is(self):
         verdict = check_launch(["--advantage-estimator", Unresolved("$EST", "EST from env"), "--keep-old-actor"])
-        assert verdict.status == "UNRESOLVED"
-        assert verdict.unresolved == ["--advantage-estimator $EST: EST from env"]
-        # grpo is the default: the verdict of the resolved words says so, and says what it rests on
-        assert verdict.contract.startswith("contract, from the resolved words alone: exempt")
+        assert verdict.status == "OK"
+        assert verdict.unresolved == [("--advantage-estimator $EST", "EST from env")]
+        assert verdict.contract == "contract: OK (--keep-old-actor, whatever --advantage-estimator $EST is)"
+        # deriving use_critic reads the estimator: a note, never an error computed from the default
+        assert verdict.errors == [] and "reads --advantage-estimator" in verdict.cannot_check[0]
+
+    def test_an_unresolved_estimator_without_a_correction_depends_on_it(self):
+        verdict = check_launch(["--advantage-estimator", Unresolved("$EST", "EST from env")])
+        assert verdict.status == "DEPENDS"
+        assert verdict.depends_on[0][0] == "--advantage-estimator $EST"
 
     def test_unresolved_word_after_a_switch_keeps_the_switch(self):
         verdict = check_launch(["--advantage-estimator", "ppo", "--keep-old-actor", Unresolved("$X", "r")])
-        assert verdict.unresolved == ["$X: r"]
+        assert verdict.unresolved == [("$X", "r")]
         assert verdict.errors == []
-        assert verdict.contract == "contract, from the resolved words alone: OK (--keep-old-actor)"
+        # a word can add flags, not remove one: the correction holds whatever $X is
+        assert (verdict.status, verdict.contract) == ("OK", "contract: OK (--keep-old-actor)")
 
     def test_every_failing_check_is_reported_with_its_fix(self):
         verdict = check_launch(["--advantage-estimator", "ppo", "--colocate", "--save-interval", "5"])
@@ -280,6 +407,96 @@ class TestCheckLaunch:
                                 "--adam-eps", "-1e-8", "--advantage-estimator", "ppo"])
         assert verdict.status == "OK"
         assert verdict.ignored == ["--context-parallel-size 2", "--sequence-parallel", "--adam-eps -1e-8"]
+
+
+class TestUnresolvedWords:
+    """Which unresolved words can change a verdict: decided by where they sit, never by guessing their value."""
+
+    TS = Unresolved("/ckpt/run_${TS}", "TS=$(date): command substitution")
+    ARRAY = Unresolved("${MODEL_ARGS[@]}", "from a helper", several=True)
+
+    def test_a_flag_with_an_unresolved_value_is_set(self):
+        for driver in ("train.py", "train_async.py"):
+            verdict = check_launch(["--save", self.TS, "--save-interval", "20"], driver)
+            assert (verdict.status, verdict.errors, verdict.cannot_check) == ("OK", [], [])
+            assert verdict.unresolved == [("--save /ckpt/run_${TS}", "TS=$(date): command substitution")]
+
+    def test_an_unresolved_numeric_value_does_not_stop_the_other_rules(self):
+        verdict = check_launch(["--num-rollout", Unresolved("${N}", "N from env"), "--save-interval", "20"], "train.py")
+        assert [error for error, _ in verdict.errors] == [
+            "--save-interval 20 is set without --save, so there is nowhere to save. Add --save FOLDER, or drop "
+            "--save-interval."]
+
+    def test_a_rule_that_needs_the_value_is_a_note_not_an_error(self):
+        verdict = check_launch(["--save-interval", Unresolved("${N}", "N from env")], "train.py")
+        assert verdict.status == "OK" and verdict.errors == []
+        assert verdict.cannot_check == ["cannot check: a rule in miles_validate_args reads --save-interval, whose "
+                                        "value ${N} is unresolved (that check's later rules are not checked)"]
+
+    def test_equals_form_and_a_later_resolved_flag(self):
+        verdict = check_launch(["--advantage-estimator", "ppo",
+                                Unresolved("--save=${DIR}", "r"), "--save-interval", "2"])
+        assert verdict.status == "REJECTED" and len(verdict.errors) == 1  # the contract only
+        later = check_launch(["--advantage-estimator", Unresolved("$E", "r"), "--advantage-estimator", "grpo"])
+        assert later.status == "OK" and later.contract.startswith("contract: exempt")
+
+    def test_async_ppo_whose_unresolved_words_are_all_values_is_rejected(self):
+        verdict = check_launch(["--advantage-estimator", "ppo", "--save", self.TS, "--tensor-model-parallel-size",
+                                Unresolved("${TP}", "TP from env", unquoted=True)])
+        assert verdict.status == "REJECTED" and verdict.depends_on == []
+        assert verdict.contract == "contract: REJECTED (async PPO without a behavior-policy correction)"
+
+    @pytest.mark.parametrize("word", [ARRAY, Unresolved("$EXTRA", "r", unquoted=True), Unresolved("${FLAG}", "r"),
+                                      Unresolved("/data/${X}", "r", unquoted=True)])
+    def test_async_ppo_with_a_word_that_could_add_a_flag_depends_on_it(self, word):
+        verdict = check_launch(["--advantage-estimator", "ppo", "--num-rollout", "2", word])
+        assert verdict.status == "DEPENDS"
+        assert verdict.depends_on == [(word.text, "in a flag position, it could add a correction flag or "
+                                                  "--advantage-estimator")]
+
+    def test_a_switch_given_a_value_is_no_value(self):
+        verdict = check_launch(["--advantage-estimator", "ppo", Unresolved("--use-tis=${X}", "r")])
+        assert verdict.status == "DEPENDS" and verdict.depends_on[0][0] == "--use-tis=${X}"
+
+    def test_a_quoted_word_that_cannot_begin_with_a_dash_adds_no_flag(self):
+        verdict = check_launch(["--advantage-estimator", "ppo", Unresolved("/data/${X}", "r")])
+        assert verdict.status == "REJECTED"
+
+    def test_a_critic_free_estimator_depends_only_on_words_after_it(self):
+        before = check_launch([self.ARRAY, "--advantage-estimator", "grpo"])
+        assert before.status == "OK" and before.contract.startswith("contract: exempt")
+        after = check_launch(["--advantage-estimator", "grpo", self.ARRAY])
+        assert after.status == "DEPENDS" and after.depends_on[0][1].startswith(
+            "in a flag position, it could add --advantage-estimator ppo after the last --advantage-estimator")
+        default = check_launch([self.ARRAY])  # grpo by default: any such word could set ppo
+        assert default.status == "DEPENDS"
+
+    def test_train_py_never_depends_on_unresolved_words(self):
+        verdict = check_launch(["--advantage-estimator", "ppo", self.ARRAY, Unresolved("$X", "r")], "train.py")
+        assert verdict.status == "OK" and verdict.depends_on == []
+
+    def test_a_conditional_array_is_judged_by_the_words_it_could_hold(self):
+        wandb = Unresolved("${WANDB_ARGS[@]}", "cond", several=True, could_hold=("--use-wandb", "--wandb-key",
+                                                                               Unresolved("${KEY}", "env")))
+        assert check_launch(["--advantage-estimator", "ppo", wandb]).status == "REJECTED"
+        fix = Unresolved("${FIX[@]}", "cond", several=True, could_hold=("--use-tis",))
+        verdict = check_launch(["--advantage-estimator", "ppo", fix])
+        assert verdict.status == "DEPENDS"
+        assert verdict.depends_on == [("${FIX[@]}", "in a flag position, it could add --use-tis")]
+
+    def test_a_contract_refusal_stands_when_the_words_could_add_only_other_flags(self):
+        interval = Unresolved("${CKPT[@]}", "cond", several=True, could_hold=("--save-interval", "5"))
+        verdict = check_launch(["--advantage-estimator", "ppo", interval])
+        assert (verdict.status, verdict.depends_on) == ("REJECTED", [])
+
+    def test_another_rule_refuses_only_when_no_word_could_lift_it(self):
+        assert check_launch(["--colocate"]).status == "REJECTED"
+        verdict = check_launch(["--colocate", "--advantage-estimator", "grpo", Unresolved("${X}", "r")], "train.py")
+        assert verdict.status == "OK"  # train.py accepts --colocate: nothing to lift
+        verdict = check_launch(["--save-interval", "2", "--advantage-estimator", "grpo", self.ARRAY], "train.py")
+        assert verdict.status == "DEPENDS"
+        assert verdict.depends_on == [("${MODEL_ARGS[@]}", "in a flag position, it could add any flag, which could "
+                                                           "lift the refusal")]
 
 
 class TestMainArgumentList:
@@ -350,23 +567,24 @@ class TestMainScripts:
         status, out, _ = _run(capsys, [FIXTURES / "ray_job_submit_tis.sh"])
         assert status == 0 and "ray_job_submit_tis.sh:23: train_async.py: OK; contract: OK (--use-tis)" in out
 
-    def test_environment_variables_are_unresolved_named_and_not_ok(self, capsys):
+    def test_environment_variables_are_unresolved_named_and_the_verdict_depends(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "env_var_unresolved.sh"])
-        assert status == 1
-        assert "env_var_unresolved.sh:6: train_async.py: UNRESOLVED" in out
+        assert status == 3
+        assert "env_var_unresolved.sh:6: train_async.py: DEPENDS" in out
+        assert "depends on ${CORRECTION_FLAG}: in a flag position, it could add a correction flag" in out
         assert "unresolved (not guessed): --lr ${LR}: LR is not assigned" in out
         assert "unresolved (not guessed): ${CORRECTION_FLAG}: CORRECTION_FLAG is not assigned" in out
         assert CONTRACT_FIX in out  # the resolved words alone lack a correction
 
-    def test_python_launcher_is_unresolved(self, capsys):
+    def test_python_launcher_depends_on_what_it_passes(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "python_launcher.sh"])
-        assert status == 1 and "python_launcher.sh:4: UNRESOLVED" in out and "Python launcher" in out
+        assert status == 3 and "python_launcher.sh:4: DEPENDS" in out and "Python launcher" in out
 
     def test_script_without_invocation_is_not_ok(self, capsys, tmp_path):
         script = tmp_path / "prepare.sh"
         script.write_text("set -e\npython3 tools/convert_hf.py --out /ckpt\n")
         status, out, _ = _run(capsys, [script])
-        assert status == 1
+        assert status == 3
         assert "no train_async.py / train.py invocation found" in out
         assert "python command seen, not a driver: line 2: python3 tools/convert_hf.py --out /ckpt" in out
 
@@ -377,18 +595,81 @@ class TestMainScripts:
         assert out.splitlines()[-1] == "miles-check: 2 result(s) in 2 file(s): 1 OK, 1 REJECTED"
 
 
+class TestUpstreamStyleLaunchers:
+    """Launchers in the style of upstream's scripts (helper-generated MODEL_ARGS, SCRIPT_DIR, a timestamped
+    --save, a conditional W&B block, environment defaults, `source`): the verdict a CI job can trust."""
+
+    @pytest.mark.parametrize(
+        "name, status, header",
+        [("upstream_sync_ppo.sh", 0, "upstream_sync_ppo.sh:35: train.py: OK; contract: not applicable"),
+         ("upstream_async_grpo.sh", 0, "upstream_async_grpo.sh:28: train_async.py: OK; contract: exempt"),
+         ("upstream_async_ppo_uncorrected.sh", 1,
+          "upstream_async_ppo_uncorrected.sh:26: train_async.py: REJECTED; contract: REJECTED"),
+         ("upstream_async_ppo_helper_args.sh", 3, "upstream_async_ppo_helper_args.sh:11: train_async.py: DEPENDS")],
+    )
+    def test_each_launcher_gets_the_verdict_its_words_decide(self, capsys, name, status, header):
+        code, out, _ = _run(capsys, [FIXTURES / name])
+        assert code == status, out
+        assert header in out
+        assert "error: --save-interval" not in out  # --save is set, to a value miles-check does not know
+
+    def test_the_helper_array_is_named_with_what_really_happened(self, capsys):
+        _, out, _ = _run(capsys, [FIXTURES / "upstream_async_ppo_helper_args.sh"])
+        assert ("depends on ${MODEL_ARGS[@]}: in a flag position, it could add a correction flag or "
+                "--advantage-estimator") in out
+        assert ("MODEL_ARGS is assigned at line 9 by `read -ra` from ${MODEL_ARGS_LINE}: MODEL_ARGS_LINE=$(python3 "
+                '"${SCRIPT_DIR}/model_args_utils.py" qwen3-4B): command substitution') in out
+
+    def test_the_sourced_model_file_is_read(self, capsys):
+        _, out, _ = _run(capsys, [FIXTURES / "upstream_async_ppo_uncorrected.sh"])
+        assert "--num-layers 36" in out and "MODEL_ARGS is not assigned" not in out
+
+    def test_rejected_wins_over_depends_and_json_has_one_object_per_launch(self, capsys):
+        names = ["upstream_sync_ppo.sh", "upstream_async_ppo_helper_args.sh", "upstream_async_ppo_uncorrected.sh"]
+        status, out, _ = _run(capsys, ["--format", "json", *(FIXTURES / name for name in names)])
+        assert status == 1
+        records = json.loads(out)
+        assert [(Path(r["file"]).name, r["driver"], r["verdict"], r["exit_class"], r["exit_status"])
+                for r in records] == [
+            ("upstream_sync_ppo.sh", "train.py", "OK", "ok", 0),
+            ("upstream_async_ppo_helper_args.sh", "train_async.py", "DEPENDS", "depends", 3),
+            ("upstream_async_ppo_uncorrected.sh", "train_async.py", "REJECTED", "rejected", 1),
+        ]
+        depends = records[1]
+        assert depends["depends_on"][0]["word"] == "${MODEL_ARGS[@]}" and depends["line"] == 11
+        assert depends["unresolved"][0]["reason"].startswith("MODEL_ARGS is assigned at line 9 by `read -ra`")
+        assert records[2]["errors"][0]["fix"] == CONTRACT_FIX
+        assert "--num-layers 36" in records[2]["ignored"]
+        assert set(records[0]) == {"file", "line", "driver", "verdict", "exit_class", "exit_status", "contract",
+                                   "depends_on", "unresolved", "cannot_check", "errors", "ignored"}
+
+    def test_json_for_one_argument_list_and_a_launcher_it_cannot_see_into(self, capsys):
+        status, out, _ = _run(capsys, ["--format", "json", "--", "--advantage-estimator", "ppo", "--use-tis"])
+        assert status == 0 and json.loads(out)[0]["contract"] == "contract: OK (--use-tis)"
+        status, out, _ = _run(capsys, ["--format", "json", FIXTURES / "python_launcher.sh"])
+        (record,) = json.loads(out)
+        assert status == 3 and record["driver"] is None and "Python launcher" in record["depends_on"][0]["why"]
+
+    def test_help_documents_the_exit_statuses(self, capsys):
+        status, out, _ = _run(capsys, ["--help"])
+        assert status == 0
+        flat = " ".join(out.split())
+        assert "Exit status: 0 no launch is refused" in flat and "1 a launch is REJECTED" in flat
+        assert "3 a launch DEPENDS on unresolved words" in flat and "2 usage error" in flat
+
+
 def test_examples_pass_miles_check_as_a_subprocess():
     assert [path.name for path in EXAMPLES] == [
-        "async_grpo.sh", "async_ppo_keep_old_actor.sh", "async_ppo_rollout_logprobs.sh", "async_ppo_tis.sh",
-        "sync_ppo.sh",
+        "async_grpo.sh", "async_ppo_keep_old_actor.sh", "async_ppo_megatron.sh", "async_ppo_rollout_logprobs.sh",
+        "async_ppo_tis.sh", "sync_ppo.sh",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "miles.utils.check", *map(str, EXAMPLES)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(": OK; contract: ") == 5
-    assert result.stdout.splitlines()[-1] == "miles-check: 5 result(s) in 5 file(s): 5 OK"
+    assert result.stdout.count(": OK; contract: ") == 6
+    assert result.stdout.splitlines()[-1] == "miles-check: 6 result(s) in 6 file(s): 6 OK"
 
 
 def test_checking_imports_no_heavy_library():

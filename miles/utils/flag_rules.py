@@ -1,0 +1,146 @@
+"""The range of every numeric flag, and the path flags that may not be empty, as one table checked at startup.
+
+``check_flag_values(args)`` runs first in ``miles_validate_args``: a value outside its range (``nan`` and ``inf``
+included, unless the table says ``inf`` means something) is a ``MilesConfigError`` naming the value, the rule and
+a value that works, before any derived value is filled from it. A numeric flag without an entry here is a bug
+(tests/fast/utils/test_flag_rules.py checks every ``type=float``/``type=int`` flag of the parser has one).
+
+Imports nothing heavy: it runs before torch or Ray are imported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from miles.utils.errors import MilesConfigError
+
+SEED_MAX = 2**31 - 1  # random, numpy and torch all accept [0, 2**31 - 1]; the critic seeds with --seed + 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """``low <= value <= high`` (``<`` where the side is open), finite unless ``allow_inf``; ``None`` (unset) is
+    always allowed. ``example`` is a value that works; ``why`` says what the range protects, when that is not
+    obvious."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    allow_inf: bool = False
+    example: str = "1"
+    why: str = ""
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not self.allow_inf)):
+            return False  # (an int is finite, and may be too large for math.isnan)
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self, value: float) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {_number(self.low)}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {_number(self.high)}")
+        if isinstance(value, float):
+            parts.append("may be inf" if self.allow_inf else "finite")
+        return " and ".join(parts)
+
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+AT_LEAST_ONE = Range(low=1, example="1")
+NON_NEGATIVE = Range(low=0, example="0")
+SEED = Range(low=0, high=SEED_MAX, example="1234", why="random, numpy and torch accept seeds in this range")
+
+# dest -> rule. Ints and floats alike: argparse already refused what is not a number of the flag's type.
+FLAG_RULES: dict[str, Range] = {
+    # algorithm
+    "eps_clip": Range(low=0, high=1, low_open=True, high_open=True, example="0.2",
+                      why="the ratio is clipped to [1 - eps, 1 + eps-high], whose low side must stay positive"),
+    "eps_clip_high": Range(low=0, low_open=True, example="0.28"),
+    "eps_clip_c": Range(low=1, low_open=True, example="3",
+                        why="the dual-clip constant caps -A * ratio at -c * A for negative advantages"),
+    "value_clip": Range(low=0, low_open=True, example="0.2"),
+    "kl_coef": Range(low=0, example="0", why="a negative coefficient rewards moving away from the reference"),
+    "kl_loss_coef": Range(low=0, example="0.01", why="a negative coefficient rewards moving away from the reference"),
+    "entropy_coef": Range(low=0, example="0", why="a negative bonus drives the policy to collapse onto one answer"),
+    "gamma": Range(low=0, high=1, example="1.0"),
+    "lambd": Range(low=0, high=1, example="1.0"),
+    "num_critic_only_steps": NON_NEGATIVE,
+    # off-policy correction and runtime guard
+    "tis_clip": Range(low=0, low_open=True, allow_inf=True, example="2", why="inf means no cap"),
+    "tis_clip_low": NON_NEGATIVE,
+    "keep_old_actor_tol": Range(low=0, low_open=True, example="1e-4",
+                                why="the guard's tolerance; 1e-4 suits the torch engine in fp32"),
+    "max_weight_staleness": Range(low=0, example="1"),
+    "max_behavior_kl": Range(low=0, low_open=True, example="0.1"),
+    # training loop
+    "num_rollout": AT_LEAST_ONE,
+    "num_epoch": AT_LEAST_ONE,
+    "rollout_batch_size": AT_LEAST_ONE,
+    "n_samples_per_prompt": AT_LEAST_ONE,
+    "global_batch_size": AT_LEAST_ONE,
+    "num_steps_per_rollout": AT_LEAST_ONE,
+    "micro_batch_size": AT_LEAST_ONE,
+    "update_weights_interval": AT_LEAST_ONE,
+    "start_rollout_id": Range(low=0, example="0", why="rollout ids count from 0"),
+    "debug_exit_after_rollout": Range(low=0, example="0", why="rollout ids count from 0"),
+    "seed": SEED,
+    "lr": Range(low=0, example="3e-4", why="0 freezes the actor; Adam refuses a negative rate"),
+    "critic_lr": Range(low=0, example="3e-4", why="0 freezes the critic; Adam refuses a negative rate"),
+    "clip_grad": Range(low=0, low_open=True, allow_inf=True, example="1.0",
+                       why="the gradient norm is scaled down to it; inf means no clipping"),
+    # train ranks (docs/ranks.md)
+    "actor_num_nodes": AT_LEAST_ONE,
+    "actor_num_gpus_per_node": AT_LEAST_ONE,
+    "critic_num_nodes": AT_LEAST_ONE,
+    "critic_num_gpus_per_node": AT_LEAST_ONE,
+    "tensor_model_parallel_size": AT_LEAST_ONE,
+    "pipeline_model_parallel_size": Range(low=1, high=1, example="1", why="pipeline parallelism is not implemented"),
+    # rollout and data
+    "rollout_temperature": Range(low=0, low_open=True, example="1.0",
+                                 why="log-probs are taken under logits / temperature"),
+    "rollout_max_response_len": AT_LEAST_ONE,
+    "rollout_seed": SEED,
+    "rollout_num_engines": AT_LEAST_ONE,
+    # checkpoints and logging
+    "save_interval": AT_LEAST_ONE,
+    "eval_interval": Range(low=0, example="25", why="0 disables evaluation"),
+    "ray_placement_timeout": Range(low=0, low_open=True, example="60", why="seconds to wait for the CPU bundles"),
+}
+
+# Flags that name a file or folder: an empty string would mean the current folder (or nothing at all).
+PATH_FLAGS = ("hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "load", "critic_load", "save",
+              "critic_save", "log_dir")
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_flag_values(args) -> None:
+    """Refuse the first numeric flag outside its range and the first empty path flag (see the module docstring)."""
+    # Only values of the types argparse produces are judged: miles-check passes a placeholder for a flag whose value
+    # is an unresolved shell word, and one unknown value must not stop the checks of every other flag.
+    for dest, rule in FLAG_RULES.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, (int, float)) and not rule.holds(value):
+            flag = flag_name(dest)
+            why = f" ({rule.why})" if rule.why else ""
+            raise MilesConfigError(
+                f"{flag} is {value!r}, but it must be {rule.describe(value)}{why}. Pass e.g. {flag} {rule.example}."
+            )
+    for dest in PATH_FLAGS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            flag = flag_name(dest)
+            raise MilesConfigError(
+                f"{flag} is {value!r}, an empty path, which would put the run's files in (or read them from) the "
+                f"current folder. Pass a folder or file name, or leave {flag} out for its default."
+            )
