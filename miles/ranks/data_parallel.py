@@ -62,7 +62,8 @@ class DataParallelRank(SingleRank):
 
     def sum_totals(self, totals: dict[str, float]) -> dict[str, float]:
         names = sorted(totals)  # the same metric names on every rank: the same loss code ran
-        values = torch.tensor([totals[name] for name in names], dtype=torch.float64)
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # nccl reduces CUDA tensors only
+        values = torch.tensor([totals[name] for name in names], dtype=torch.float64, device=device)
         dist.all_reduce(values, group=self.group)
         return dict(zip(names, values.tolist(), strict=True))
 

@@ -45,6 +45,9 @@ class RankWorker:
         self.trainer = self.trainer_class(self.args, CPUS_PER_BUNDLE)
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def call(self, verb: str, *args, **kwargs):
         result = getattr(self.trainer, verb)(*args, **kwargs)
         return result if self.rank == 0 else None
@@ -97,6 +100,18 @@ class TrainRole:
                     self.layout.data_parallel_size, address, port, [rank["node_id"] for rank in self.ranks])
         return self
 
+    def dead_ranks(self, timeout_s: float = 5.0) -> list[int]:
+        """The ranks whose process has ended (a busy rank that does not answer within ``timeout_s`` is alive)."""
+        dead = []
+        for rank, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.pid.remote(), timeout=timeout_s)
+            except ray.exceptions.RayActorError:
+                dead.append(rank)
+            except ray.exceptions.GetTimeoutError:
+                pass
+        return dead
+
     def release(self) -> None:
         """Kill every rank and free the role's placement group."""
         for worker in self.workers:
@@ -104,3 +119,23 @@ class TrainRole:
                 ray.kill(worker)
         with contextlib.suppress(Exception):
             remove_placement_group(self.group)
+
+
+class RankDiedError(RuntimeError):
+    """A rank's process ended during the run: the run stops, since its role cannot step without it."""
+
+
+def rank_died_error(roles: list[TrainRole]) -> RankDiedError | None:
+    """After a Ray error: when a rank's process is gone (killed, out of memory, its node lost), the error to show
+    instead, naming the role and the rank (the peers' own errors, e.g. gloo's "connection closed", are only the
+    consequence); None when every rank is alive. Call it before the roles are released."""
+    dead = [(role, rank) for role in roles for rank in role.dead_ranks()]
+    if not dead:
+        return None
+    names = ", ".join(f"{role.layout.role} rank {rank} (pid {role.ranks[rank]['pid'] if role.ranks else '?'})"
+                      for role, rank in dead)
+    return RankDiedError(
+        f"{names}: the process ended during the run, so the role cannot take its next step and the run stopped. "
+        "Its log is in Ray's session folder (/tmp/ray/session_latest/logs on its node); an out-of-memory kill or a "
+        "lost node are the usual causes. Resume from the last checkpoint with --load."
+    )

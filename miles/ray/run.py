@@ -20,7 +20,7 @@ from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
 from miles.ranks.layout import train_layouts
-from miles.ranks.role import TrainRole
+from miles.ranks.role import TrainRole, rank_died_error
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
@@ -181,6 +181,10 @@ def training_run(args, driver: str):
             print(format_summary(tracker.close()))
             for path in plot_run(args.log_dir):
                 print(f"plot: {path}")
+        except ray.exceptions.RayError as error:
+            if (died := rank_died_error(roles)) is not None:
+                raise died from error
+            raise
         finally:
             if placement is not None:
                 placement.release()

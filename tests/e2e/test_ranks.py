@@ -19,6 +19,7 @@ import train
 import train_async
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.ranks.role import RankDiedError
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 from miles.utils.tracking import read_metrics
 
@@ -104,7 +105,8 @@ def test_a_killed_rank_ends_the_run_with_an_error_and_releases_every_rank(make_a
     killer.join()
     assert killed, "no rank was killed: the run ended before training started"
     assert ended - killed[0] < 60
-    assert isinstance(failure.value, (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)), failure.value
+    assert isinstance(failure.value, RankDiedError), failure.value
+    assert str(failure.value).startswith("actor rank 1 (pid ")
     deadline = time.monotonic() + 30
     while _rank_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
