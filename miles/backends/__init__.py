@@ -12,10 +12,11 @@ from __future__ import annotations
 TRAIN_BACKENDS = ("torch", "megatron")
 
 
-def load_train_model(backend: str, role: str, hf_folder: str, seed: int):
+def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1):
     """The ``TrainModel`` of ``role`` ("actor" or "critic") on ``backend``, loaded from a Hugging Face folder.
 
-    ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends.
+    ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends;
+    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards.
     """
     import torch
 
@@ -27,5 +28,5 @@ def load_train_model(backend: str, role: str, hf_folder: str, seed: int):
     if backend == "megatron":
         from miles.backends.megatron_backend.model import MegatronTrainModel
 
-        return MegatronTrainModel.load(role, hf_folder, seed)
+        return MegatronTrainModel.load(role, hf_folder, seed, tensor_parallel_size)
     raise ValueError(f"unknown train backend {backend!r}; valid: {', '.join(TRAIN_BACKENDS)}")

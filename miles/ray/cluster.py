@@ -1,7 +1,8 @@
-"""Ray session and placement: one placement group of CPU bundles, actors pinned to their bundle.
+"""Ray session and placement: placement groups of CPU bundles (the engines', and one per train role in
+``miles.ranks``), actors pinned to their bundle.
 
 Resources are logical: a local cluster is started with at least as many logical CPUs as the run has bundles, so
-every configuration (PPO: engines + actor + critic) fits on a 2-core machine, and each actor pins its torch
+every configuration (PPO: engines + actor ranks + critic ranks) fits on a 2-core machine, and each actor pins its torch
 threads to its bundle's share. A placement group that cannot be satisfied (a joined cluster too small) fails with
 a clear error after ``--ray-placement-timeout`` seconds instead of hanging.
 """
@@ -41,12 +42,14 @@ def ray_session(address: str | None, num_cpus: int):
 
 @dataclass
 class Placement:
-    """The run's placement group and the bundle index of each role; ``release()`` frees all of it."""
+    """The rollout engines' placement group and each engine's bundle; ``release()`` frees all of it.
+
+    The train roles have placement groups of their own (``miles.ranks.role``); colocated engines are placed in the
+    actor's (round-robin over its nodes' bundles), so then ``group`` is the actor's group.
+    """
 
     group: object
     engine_bundles: list[int]
-    actor_bundle: int
-    critic_bundle: int | None
     actors: list = field(default_factory=list)  # handles created outside the group, killed on release
 
     def strategy(self, bundle: int) -> PlacementGroupSchedulingStrategy:
@@ -60,26 +63,33 @@ class Placement:
             remove_placement_group(self.group)  # kills every actor scheduled in it
 
 
-def count_bundles(num_engines: int, use_critic: bool, colocate: bool) -> int:
-    return (0 if colocate else num_engines) + 1 + int(use_critic)
+def count_bundles(num_engines: int, num_train_ranks: int, colocate: bool) -> int:
+    """CPU bundles of a run: one per engine (none when colocated: engines share the actor's) and per train rank."""
+    return (0 if colocate else num_engines) + num_train_ranks
 
 
-def create_placement(num_engines: int, use_critic: bool, colocate: bool, timeout_s: float) -> Placement:
-    """Bundles: one per engine (none when colocated: engines share the actor's), the actor, the critic (PPO)."""
-    num_bundles = count_bundles(num_engines, use_critic, colocate)
-    group = placement_group([{"CPU": CPUS_PER_BUNDLE}] * num_bundles, strategy="PACK")
+def reserve_bundles(bundles: list[dict], strategy: str, timeout_s: float, what: str):
+    """A ready placement group of ``bundles``, or a ``MilesConfigError`` after ``timeout_s`` naming ``what`` needed
+    them (the group is removed then, so nothing waits on in the cluster)."""
+    group = placement_group(bundles, strategy=strategy)
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
-        available = ray.cluster_resources().get("CPU", 0)
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
         raise MilesConfigError(
-            f"the run needs {num_bundles} CPU bundles ({num_engines} rollout engine(s), the actor"
-            f"{', the critic' if use_critic else ''}) but Ray could not place them within --ray-placement-timeout "
-            f"{timeout_s:g} s; the cluster has {available:g} logical CPUs. Lower --rollout-num-engines, or join a "
-            "larger cluster (--ray-address)."
+            f"{what} needs the bundles {bundles} ({strategy}) but Ray could not place them within "
+            f"--ray-placement-timeout {timeout_s:g} s; the cluster has {ray.cluster_resources().get('CPU', 0):g} "
+            f"logical CPUs on {nodes} node(s). Ask for fewer engines or ranks, or join a larger cluster "
+            "(--ray-address)."
         ) from None
-    engine_bundles = [0] * num_engines if colocate else list(range(num_engines))
-    actor_bundle = 0 if colocate else num_engines
-    critic_bundle = actor_bundle + 1 if use_critic else None
-    return Placement(group, engine_bundles, actor_bundle, critic_bundle)
+    return group
+
+
+def create_placement(num_engines: int, colocate: bool, timeout_s: float, actor_group, actor_nodes: int) -> Placement:
+    """One bundle per engine, packed; colocated engines share the actor's bundles (one per node), round-robin."""
+    if colocate:
+        return Placement(actor_group, [engine % actor_nodes for engine in range(num_engines)])
+    group = reserve_bundles([{"CPU": CPUS_PER_BUNDLE}] * num_engines, "PACK", timeout_s,
+                            f"the run's {num_engines} rollout engine(s)")
+    return Placement(group, list(range(num_engines)))

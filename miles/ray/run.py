@@ -19,13 +19,9 @@ import ray
 
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
-from miles.ray.cluster import (
-    CPUS_PER_BUNDLE,
-    Placement,
-    count_bundles,
-    create_placement,
-    ray_session,
-)
+from miles.ranks.layout import train_layouts
+from miles.ranks.role import TrainRole, dead_rank_names
+from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
 from miles.utils import off_policy
@@ -186,8 +182,7 @@ class TrainingRun:
         return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
 
 
-_ROLE_OF_CLASS = {"PolicyTrainer": "the actor (policy trainer)", "ValueTrainer": "the critic",
-                  "TorchRolloutEngine": "a rollout engine", "RolloutManager": "the rollout manager"}
+_ROLE_OF_CLASS = {"TorchRolloutEngine": "a rollout engine", "RolloutManager": "the rollout manager"}
 
 
 def checkpoint_note(args, saved_now: bool = False) -> str:
@@ -201,12 +196,17 @@ def checkpoint_note(args, saved_now: bool = False) -> str:
             f"--load {args.save}.")
 
 
-def _process_died(error: Exception, args, last_finished_rollout: int | None) -> ProcessDiedError:
-    """One line for a Ray process that died mid-run: which role (from Ray's report of the dead actor's class)."""
-    classes = re.findall(r"class_name: (\w+)", str(error))
-    role = _ROLE_OF_CLASS.get(classes[0], classes[0]) if classes else "a process that held the run's data"
+def _process_died(error: Exception, args, last_finished_rollout: int | None, roles: list) -> ProcessDiedError | None:
+    """One line for a Ray process that died mid-run, or None when ``error`` is not that: a train rank found dead,
+    else the role Ray reports for the dead actor's class (an engine, the manager)."""
+    if not (dead := dead_rank_names(roles)):
+        if getattr(error, "actor_init_failed", False) or not isinstance(
+                error, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)):
+            return None  # an error in an actor's __init__ (run_cli reports it as the error it is), or a task's error
+        classes = re.findall(r"class_name: (\w+)", str(error))
+        dead = [_ROLE_OF_CLASS.get(classes[0], classes[0]) if classes else "a process that held the run's data"]
     when = "during start-up" if last_finished_rollout is None else f"after rollout {last_finished_rollout}"
-    return ProcessDiedError(f"{role} process died {when}; the run stopped. {checkpoint_note(args)}")
+    return ProcessDiedError(f"{' and '.join(dead)} process died {when}; the run stopped. {checkpoint_note(args)}")
 
 
 def push_weights(rollout_manager, actor, rollouts_trained: int, after: list):
@@ -216,16 +216,15 @@ def push_weights(rollout_manager, actor, rollouts_trained: int, after: list):
     return rollout_manager.load_weights.remote([actor.export_weights.remote(rollouts_trained, *after)])
 
 
-def _create_trainers(args, placement: Placement):
-    actor = ray.remote(PolicyTrainer).options(
-        num_cpus=CPUS_PER_BUNDLE, scheduling_strategy=placement.strategy(placement.actor_bundle)
-    ).remote(args, CPUS_PER_BUNDLE)
-    critic = None
-    if args.use_critic:
-        critic = ray.remote(ValueTrainer).options(
-            num_cpus=CPUS_PER_BUNDLE, scheduling_strategy=placement.strategy(placement.critic_bundle)
-        ).remote(args, CPUS_PER_BUNDLE)
-    return actor, critic
+def _create_train_roles(args, roles: list) -> tuple[TrainRole, TrainRole | None]:
+    """The actor's ranks and, for PPO, the critic's, each in its own placement group; started together so the two
+    roles load their models at the same time. ``roles`` collects them for release."""
+    for layout in train_layouts(args):
+        roles.append(TrainRole(PolicyTrainer if layout.role == "actor" else ValueTrainer, args, layout,
+                               args.ray_placement_timeout))
+    for role in roles:
+        role.start()
+    return roles[0], (roles[1] if len(roles) > 1 else None)
 
 
 def _derive_num_rollout(args, num_prompts: int) -> None:
@@ -240,15 +239,17 @@ def training_run(args, driver: str):
     resolve_run_paths(args, driver)
     _derive_num_rollout(args, num_prompts=preflight(args))
     check_rollouts_left(args)
-    num_bundles = count_bundles(args.rollout_num_engines, args.use_critic, args.colocate)
+    train_ranks = sum(layout.world_size for layout in train_layouts(args))
     stop_request = StopRequest(lambda: checkpoint_note(args))
     # Signals are handled inside the Ray session: ray.init installs Ray's handlers, handled() replaces them.
-    with ray_session(args.ray_address, num_cpus=num_bundles), stop_request.handled():
-        placement = create_placement(args.rollout_num_engines, args.use_critic, args.colocate, args.ray_placement_timeout)
-        run = None
+    with ray_session(args.ray_address, num_cpus=count_bundles(args.rollout_num_engines, train_ranks, args.colocate)), \
+            stop_request.handled():
+        roles, placement, run = [], None, None
         try:
+            actor, critic = _create_train_roles(args, roles)
+            placement = create_placement(args.rollout_num_engines, args.colocate, args.ray_placement_timeout,
+                                         actor.group, actor.layout.num_nodes)
             rollout_manager = create_rollout_manager(args, placement)
-            actor, critic = _create_trainers(args, placement)
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
@@ -265,9 +266,12 @@ def training_run(args, driver: str):
                 print(f"plot: {path}")
             if stop_request.signum is not None:
                 raise run.interrupted()
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-            if getattr(error, "actor_init_failed", False):
-                raise  # an error in an actor's __init__: run_cli reports it as the error it is
-            raise _process_died(error, args, run and run.last_finished_rollout) from None
+        except ray.exceptions.RayError as error:
+            if (died := _process_died(error, args, run and run.last_finished_rollout, roles)) is None:
+                raise
+            raise died from None
         finally:
-            placement.release()
+            if placement is not None:
+                placement.release()
+            for role in roles:
+                role.release()

@@ -11,6 +11,7 @@ as much as starting Python.
 
 import argparse
 
+from miles.ranks.layout import check_rank_layout
 from miles.utils import flags
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 from miles.utils.flag_rules import check_flag_values
@@ -102,6 +103,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_off_policy_arguments(parser)
         flags.add_loop_arguments(parser)
         flags.add_backend_arguments(parser)
+        flags.add_parallel_arguments(parser)
         flags.add_rollout_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
         if add_custom_arguments is not None:
@@ -140,11 +142,14 @@ def miles_validate_args(args) -> None:
     _fill(args, "critic_lr", args.lr, "--lr")
     _fill(args, "critic_load", args.load, "--load")
     _fill(args, "critic_save", args.save, "--save")
+    _fill(args, "critic_num_nodes", args.actor_num_nodes, "--actor-num-nodes")
+    _fill(args, "critic_num_gpus_per_node", args.actor_num_gpus_per_node, "--actor-num-gpus-per-node")
     _derive_batch_sizes(args)
     _check_corrections(args)
     _check_kl(args)
     _check_estimator_requirements(args)
     _check_checkpointing(args)
+    check_rank_layout(args)
 
 
 def _derive(args, name: str, value, reason: str) -> None:

@@ -96,6 +96,13 @@ FLAG_RULES: dict[str, Range] = {
     "critic_lr": Range(low=0, example="3e-4", why="0 freezes the critic; Adam refuses a negative rate"),
     "clip_grad": Range(low=0, low_open=True, allow_inf=True, example="1.0",
                        why="the gradient norm is scaled down to it; inf means no clipping"),
+    # train ranks (docs/ranks.md)
+    "actor_num_nodes": AT_LEAST_ONE,
+    "actor_num_gpus_per_node": AT_LEAST_ONE,
+    "critic_num_nodes": AT_LEAST_ONE,
+    "critic_num_gpus_per_node": AT_LEAST_ONE,
+    "tensor_model_parallel_size": AT_LEAST_ONE,
+    "pipeline_model_parallel_size": Range(low=1, high=1, example="1", why="pipeline parallelism is not implemented"),
     # rollout and data
     "rollout_temperature": Range(low=0, low_open=True, example="1.0",
                                  why="log-probs are taken under logits / temperature"),

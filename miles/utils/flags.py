@@ -26,6 +26,8 @@ UPSTREAM_DEFAULT_DEPARTURES = {
     "--label-key": ("label", "none", "the embedded data's key"),
     "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
     "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
+    "--actor-num-gpus-per-node": ("1", "8", "the embedded default trains in one process; without GPUs a 'GPU' is a "
+                                  "train process with one CPU bundle"),
 }
 
 
@@ -202,6 +204,36 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         help="Trainer of the actor and critic: 'torch' (a Hugging Face model in one process) or 'megatron' "
         "(megatron-core's GPTModel converted from the Hugging Face checkpoint; Qwen2-family models; needs the "
         "[megatron] extra, docs/megatron.md). Both take the same steps. (default: %(default)s)",
+    )
+
+
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """How many ranks train each role and how they split the model (docs/ranks.md)."""
+    group = parser.add_argument_group(
+        "train ranks",
+        "Each train role is a group of ranks, one Ray actor each: world size = nodes x GPUs per node, data-parallel "
+        "size = world / tensor-parallel size. On a machine without GPUs a 'GPU' counts one train process with one "
+        "CPU bundle.",
+    )
+    group.add_argument("--actor-num-nodes", type=int, default=1, help="Nodes the actor's ranks span. (default: %(default)s)")
+    group.add_argument(
+        "--actor-num-gpus-per-node",
+        type=int,
+        default=1,
+        help="Actor ranks per node (a GPU each; without GPUs, a train process with one CPU bundle). (default: %(default)s)",
+    )
+    group.add_argument("--critic-num-nodes", type=int, default=None, help="Nodes of the critic (PPO). (default: --actor-num-nodes)")
+    group.add_argument(
+        "--critic-num-gpus-per-node", type=int, default=None, help="Critic ranks per node. (default: --actor-num-gpus-per-node)"
+    )
+    group.add_argument(
+        "--tensor-model-parallel-size",
+        type=int,
+        default=1,
+        help="Ranks that split each layer of a role's model (--train-backend megatron only). (default: %(default)s)",
+    )
+    group.add_argument(
+        "--pipeline-model-parallel-size", type=int, default=1, help="Not implemented: only 1 is accepted. (default: %(default)s)"
     )
 
 

@@ -35,13 +35,16 @@ def preflight(args) -> int:
     """
     check_hf_checkpoint(args.hf_checkpoint)
     if args.train_backend == "megatron":
-        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available())
+        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
+                               tensor_parallel_size=args.tensor_model_parallel_size)
     if args.ref_load is not None and (args.use_kl_loss or args.kl_coef != 0):
         check_hf_checkpoint(args.ref_load, flag="--ref-load")
-    check_checkpoint_to_load("--load", args.load, "actor", args.save, args.train_backend)
+    check_checkpoint_to_load("--load", args.load, "actor", args.save, args.train_backend,
+                             args.tensor_model_parallel_size)
     outputs = [("--save", args.save), ("--log-dir", args.log_dir)]
     if args.use_critic:
-        check_checkpoint_to_load("--critic-load", args.critic_load, "critic", args.critic_save, args.train_backend)
+        check_checkpoint_to_load("--critic-load", args.critic_load, "critic", args.critic_save, args.train_backend,
+                                 args.tensor_model_parallel_size)
         outputs.append(("--critic-save", args.critic_save))
     for flag, folder in outputs:
         check_writable_folder(flag, folder)
@@ -69,8 +72,9 @@ def check_rollouts_left(args) -> None:
 
 
 def check_checkpoint_to_load(flag: str, root: str | None, role: str, save_root: str | None,
-                             train_backend: str = "torch") -> None:
-    """``root`` holds a complete, loadable checkpoint of ``role`` at its latest marker, saved by ``train_backend``.
+                             train_backend: str = "torch", tensor_parallel_size: int = 1) -> None:
+    """``root`` holds a complete, loadable checkpoint of ``role`` at its latest marker, saved by ``train_backend``
+    at ``tensor_parallel_size``.
 
     A folder with no checkpoint yet (missing, or without a latest marker) is allowed only when it is also the
     role's save folder: then relaunching the same command resumes when a checkpoint exists and starts fresh
@@ -109,6 +113,7 @@ def check_checkpoint_to_load(flag: str, root: str | None, role: str, save_root: 
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'damaged'}). {fix}"
         ) from None
     checkpoint.check_same_train_backend(trainer_state, role_dir, train_backend)
+    checkpoint.check_same_tensor_parallel_size(trainer_state, role_dir, tensor_parallel_size)
 
 
 def check_writable_folder(flag: str, path: str | None) -> None:

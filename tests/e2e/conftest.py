@@ -29,7 +29,7 @@ def embedded_cache(tmp_path_factory):
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(num_cpus=6, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -8,6 +8,10 @@ the Hugging Face layout.
   new head starts from the torch backend's initialization, bit for bit, under the same seed.
 - Every forward pass gets an explicit causal mask (True = masked): with ``attention_mask=None`` megatron builds one
   on CUDA. Right padding needs nothing more, since real tokens never attend to the pads after them.
+- With tensor parallelism (``tensor_parallel.py``) each rank holds its shards of the converted whole state; the
+  vocabulary is padded to a multiple of the tensor-parallel size, the vocabulary-parallel logits are gathered
+  (``tensor_parallel.gather_last_dim``) and the padded columns dropped before the shared log-softmax; the Hugging Face
+  layout (push, fingerprint, snapshots' check, checkpoints) is always the gathered whole.
 - Outputs come back on the CPU (where the shared loss code keeps the batch); on a GPU that transfer is the one
   place a later optimization would change (docs/megatron.md).
 """
@@ -17,25 +21,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from miles.backends.megatron_backend.cpu_shim import quiet_megatron_warnings
 from miles.backends.megatron_backend.parallel import clip_grad_norm, initialize_model_parallel
 from miles.backends.megatron_backend.qwen2 import Qwen2Layout, hf_to_megatron, megatron_to_hf
+from miles.backends.megatron_backend.tensor_parallel import (
+    gather_last_dim,
+    gather_state,
+    padded_vocab_size,
+    partition_dims,
+    shard_state,
+)
 from miles.backends.torch_backend.models import HFTrainModel
 from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
 from miles.backends.training_utils.train_model import StateDict, TrainModel
 from miles.utils.types import Sample
 
 with quiet_megatron_warnings():
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
 
-def transformer_config(hf_config, use_cpu_initialization: bool) -> TransformerConfig:
+def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_size: int = 1) -> TransformerConfig:
     """Megatron's config for a Hugging Face Qwen2 config; fusions off (they need CUDA kernels), fp32, no dropout."""
     return TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel_size,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
         ffn_hidden_size=hf_config.intermediate_size,
@@ -78,20 +92,21 @@ class ScalarHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None  # (S, B, 1)
 
 
-def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool) -> GPTModel:
-    """GPTModel shaped like ``hf_config``; the critic's has the scalar head and untied embeddings."""
+def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_parallel_size: int = 1) -> GPTModel:
+    """GPTModel shaped like ``hf_config`` (one tensor-parallel rank's part of it); the critic's has the scalar head
+    and untied embeddings."""
     with quiet_megatron_warnings():
-        model = _gpt_model(hf_config, role, use_cpu_initialization)
+        model = _gpt_model(hf_config, role, use_cpu_initialization, tensor_parallel_size)
     if role == "critic":
         model.output_layer = ScalarHead(hf_config.hidden_size)
     return model
 
 
-def _gpt_model(hf_config, role: str, use_cpu_initialization: bool) -> GPTModel:
+def _gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_parallel_size: int) -> GPTModel:
     return GPTModel(
-        config=transformer_config(hf_config, use_cpu_initialization),
+        config=transformer_config(hf_config, use_cpu_initialization, tensor_parallel_size),
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=hf_config.vocab_size,
+        vocab_size=padded_vocab_size(hf_config.vocab_size, tensor_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         position_embedding_type="rope",
         rotary_base=rope_theta(hf_config),
@@ -119,15 +134,20 @@ class MegatronTrainModel(TrainModel):
         self.role = role
         self.layout = Qwen2Layout.from_hf_config(hf_config, role)
         self.device = device
+        self.partition_dims = partition_dims(module)  # of the tensor-parallel parameters (none at size 1)
+        self.tensor_parallel_group = parallel_state.get_tensor_model_parallel_group()
 
     @classmethod
-    def load(cls, role: str, hf_folder: str, seed: int) -> MegatronTrainModel:
-        """Build GPTModel for ``role`` and convert the weights of the HF model in ``hf_folder`` into it."""
-        device = initialize_model_parallel(seed)
+    def load(cls, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1) -> MegatronTrainModel:
+        """Build GPTModel for ``role`` (this rank's part of it) and convert the weights of the HF model in
+        ``hf_folder`` into it."""
+        device = initialize_model_parallel(seed, tensor_parallel_size)
         hf_model = HFTrainModel.load(role, hf_folder).module  # the torch backend's loader: same weights, same init
-        module = build_gpt_model(hf_model.config, role, use_cpu_initialization=device.type == "cpu")
+        module = build_gpt_model(hf_model.config, role, device.type == "cpu", tensor_parallel_size)
         model = cls(module, hf_model.config, role, device)
-        load_converted(module, hf_to_megatron(hf_model.state_dict(), model.layout))
+        whole = hf_to_megatron(hf_model.state_dict(), model.layout)
+        load_converted(module, shard_state(whole, model.partition_dims, parallel_state.get_tensor_model_parallel_rank(),
+                                           tensor_parallel_size, hf_model.config.vocab_size))
         return model.to_device()
 
     def to_device(self) -> MegatronTrainModel:
@@ -135,17 +155,21 @@ class MegatronTrainModel(TrainModel):
         return self
 
     def _forward(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """GPTModel's output (B, T, V or 1) on the CPU, and the input ids (B, T)."""
+        """GPTModel's output (B, T, padded V or 1) on the CPU, and the input ids (B, T); the actor's logits are
+        gathered from every tensor-parallel rank (a no-op at size 1)."""
         input_ids, _ = pad_right(samples)
         batch_size, length = input_ids.shape
         position_ids = torch.arange(length).expand(batch_size, length)
         output = self.module(
             input_ids.to(self.device), position_ids.to(self.device), causal_mask(batch_size, length).to(self.device)
         )
+        if self.role == "actor":
+            output = gather_last_dim(output, self.tensor_parallel_group)  # (B, T, padded V / TP) -> (B, T, padded V)
         return output.cpu(), input_ids
 
     def response_log_probs(self, samples, temperature, with_entropy=False):
-        logits, input_ids = self._forward(samples)  # (B, T, V)
+        logits, input_ids = self._forward(samples)  # (B, T, padded V)
+        logits = logits[..., : self.hf_config.vocab_size]  # (B, T, V): the padding's columns are no tokens
         return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy)
 
     def response_values(self, samples):
@@ -154,17 +178,27 @@ class MegatronTrainModel(TrainModel):
 
     def hf_state_dict(self, native_state: Mapping[str, object] | None = None) -> StateDict:
         state = self.module.state_dict() if native_state is None else native_state
-        return {name: tensor.cpu() for name, tensor in megatron_to_hf(state, self.layout).items()}
+        whole = gather_state(state, self.partition_dims, self.hf_config.vocab_size, self.tensor_parallel_group)
+        return {name: tensor.cpu() for name, tensor in megatron_to_hf(whole, self.layout).items()}
 
-    def save_pretrained(self, folder) -> None:
+    def save_pretrained(self, folder, hf_state: StateDict | None = None) -> None:
         """An ordinary HF folder (either backend loads it): the HF model is built on the meta device (no
         allocation), given the converted tensors, and saved by transformers."""
         auto_class = AutoModelForTokenClassification if self.role == "critic" else AutoModelForCausalLM
         with torch.device("meta"):
             hf_model = auto_class.from_config(self.hf_config, dtype=torch.float32)
-        hf_model.load_state_dict(self.hf_state_dict(), assign=True)
+        hf_model.load_state_dict(self.hf_state_dict() if hf_state is None else hf_state, assign=True)
         hf_model.tie_weights()
         hf_model.save_pretrained(folder)
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return dist.get_rank(self.tensor_parallel_group)
+
+    def gather_over_tensor_parallel(self, obj) -> list:
+        gathered = [None] * dist.get_world_size(self.tensor_parallel_group)
+        dist.all_gather_object(gathered, obj, group=self.tensor_parallel_group)
+        return gathered
 
     def clip_grad_norm(self, max_norm: float) -> float:
         return clip_grad_norm(list(self.module.parameters()), max_norm)

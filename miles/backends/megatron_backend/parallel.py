@@ -1,7 +1,8 @@
 """The process group and megatron's parallel state for a train process, and the gradient-norm clip.
 
-A train process today is one rank (world size 1, tensor- and data-parallel size 1); the process group uses an
-in-process store, so no port is opened. The backend is gloo without CUDA and nccl with it. The clip is written for
+A train process is one rank of its role: ``miles.ranks`` has joined it to the role's process group before the model
+is built (docs/ranks.md); a process outside a role (a test) gets a one-rank group with an in-process store, so no
+port is opened. The backend is gloo without CUDA and nccl with it. The clip is written for
 tensor-parallel shards from the start: megatron's own clip needs CUDA tensors, so the norm is computed here over
 the parameters each rank owns and summed over the model-parallel group.
 """
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.megatron_backend.cpu_shim import apply_cpu_shim
+from miles.ranks.process_group import COLLECTIVE_TIMEOUT_S
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -30,7 +32,9 @@ def initialize_model_parallel(seed: int, tensor_model_parallel_size: int = 1) ->
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_model_parallel_size)
+        # megatron's own groups (tensor- and data-parallel) get the same bound as the rank's default group
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_model_parallel_size,
+                                                 distributed_timeout_minutes=COLLECTIVE_TIMEOUT_S / 60)
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not cuda)
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 

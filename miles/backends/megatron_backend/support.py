@@ -15,15 +15,16 @@ from miles.utils.errors import MilesConfigError
 SUPPORTED_MODEL_TYPES = ("qwen2",)  # the families with a conversion table in this package
 
 
-def check_megatron_backend(hf_checkpoint: str, cuda_available: bool) -> None:
-    """Raise ``MilesConfigError`` unless megatron-core is installed and the checkpoint's model can be converted."""
+def check_megatron_backend(hf_checkpoint: str, cuda_available: bool, tensor_parallel_size: int = 1) -> None:
+    """Raise ``MilesConfigError`` unless megatron-core is installed and the checkpoint's model can be converted
+    (and split over ``tensor_parallel_size`` ranks)."""
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise MilesConfigError(
             "--train-backend megatron needs megatron-core, which is not installed. Install the extra "
             "(pip install -e '.[megatron]'; scripts/setup.sh does), or use --train-backend torch."
         )
     config = json.loads((Path(hf_checkpoint).expanduser() / "config.json").read_text())
-    for problem in _unsupported(config, cuda_available):
+    for problem in _unsupported(config, cuda_available) + _not_divisible(config, tensor_parallel_size):
         raise MilesConfigError(f"--train-backend megatron with --hf-checkpoint {hf_checkpoint!r}: {problem}")
 
 
@@ -53,3 +54,16 @@ def _unsupported(config: dict, cuda_available: bool) -> list[str]:
             "attention_dropout to 0 in config.json (miles' PPO/GRPO steps use none), or use --train-backend torch."
         )
     return problems
+
+
+def _not_divisible(config: dict, tensor_parallel_size: int) -> list[str]:
+    """Tensor parallelism splits attention heads, query groups and the MLP's hidden units evenly over the ranks.
+    The vocabulary needs no rule: the backend pads it to a multiple of the tensor-parallel size."""
+    if tensor_parallel_size == 1:
+        return []
+    sizes = {"num_attention_heads": config["num_attention_heads"],
+             "num_key_value_heads (query groups)": config.get("num_key_value_heads", config["num_attention_heads"]),
+             "intermediate_size (FFN)": config["intermediate_size"]}
+    return [f"{name} is {size}, which --tensor-model-parallel-size {tensor_parallel_size} does not divide (each rank "
+            f"takes an equal share). Pick a tensor-parallel size dividing {size}."
+            for name, size in sizes.items() if size % tensor_parallel_size]

@@ -32,14 +32,19 @@ def rollout_dir(root: str, rollout_id: int) -> Path:
     return Path(root) / f"rollout_{rollout_id:06d}"
 
 
-def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict, tokenizer_source: str | None) -> Path:
-    """Write ``root/rollout_<id>/<role>`` atomically: HF weights, tokenizer files, and ``trainer_state.pt``."""
+def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict, tokenizer_source: str | None,
+              hf_state: dict | None = None) -> Path:
+    """Write ``root/rollout_<id>/<role>`` atomically: HF weights (``hf_state`` when the caller has them already),
+    tokenizer files, and ``trainer_state.pt``."""
     final = rollout_dir(root, rollout_id) / role
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.tmp-", dir=final.parent))
     try:
         with quiet_transformers_progress():  # no "Writing model shards" bar per save in the middle of the run's bar
-            model.save_pretrained(staging)
+            if hf_state is None:
+                model.save_pretrained(staging)
+            else:
+                model.save_pretrained(staging, hf_state=hf_state)
         if tokenizer_source is not None:
             _copy_tokenizer_files(Path(tokenizer_source), staging)
         torch.save(trainer_state, staging / TRAINER_STATE_FILE)
@@ -106,6 +111,19 @@ def check_same_train_backend(trainer_state: dict, role_dir: Path, train_backend:
             f"{train_backend}; its optimizer state is laid out for {saved}'s parameters, so the run cannot resume "
             f"from it. Resume with --train-backend {saved}, or start a new run from its weights (the optimizer "
             f"starts afresh): --hf-checkpoint {role_dir.parent / 'actor'} without --load."
+        )
+
+
+def check_same_tensor_parallel_size(trainer_state: dict, role_dir: Path, tensor_parallel_size: int) -> None:
+    """Each tensor-parallel rank's optimizer state is laid out for its own shards, so resuming needs the saving
+    run's TP size; the data-parallel size may change (the replicas were identical)."""
+    saved = trainer_state.get("tensor_model_parallel_size", 1)
+    if saved != tensor_parallel_size:
+        raise MilesConfigError(
+            f"--load: {role_dir} was saved with --tensor-model-parallel-size {saved}, but this run uses "
+            f"{tensor_parallel_size}; each tensor-parallel rank's optimizer state is laid out for its own shards, so "
+            f"the run cannot resume from it. Resume with --tensor-model-parallel-size {saved} (any number of "
+            f"data-parallel ranks), or start a new run from its weights: --hf-checkpoint {role_dir} without --load."
         )
 
 

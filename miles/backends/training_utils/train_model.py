@@ -49,8 +49,9 @@ class TrainModel:
         """The weights (the module's, or ``native_state``) as new tensors in the Hugging Face layout."""
         raise NotImplementedError
 
-    def save_pretrained(self, folder) -> None:
-        """Write the weights as a Hugging Face model folder (config.json + safetensors)."""
+    def save_pretrained(self, folder, hf_state: StateDict | None = None) -> None:
+        """Write the weights (or ``hf_state``, already ``hf_state_dict()``) as a Hugging Face model folder
+        (config.json + safetensors)."""
         raise NotImplementedError
 
     # ---- shared ------------------------------------------------------------------------------------------------
@@ -80,6 +81,13 @@ class TrainModel:
                 yield
         finally:
             self.module.train(was_training)
+
+    # ---- tensor parallelism (none unless a backend overrides these) --------------------------------------------
+    tensor_parallel_rank = 0
+
+    def gather_over_tensor_parallel(self, obj) -> list:
+        """Every tensor-parallel rank's ``obj``, in rank order (each rank of the group must call it)."""
+        return [obj]
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Scale the gradients so that their global 2-norm is at most ``max_norm``; return the norm before."""

@@ -31,6 +31,7 @@ from miles.backends.training_utils.loss import (
 )
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
+from miles.ranks.data_parallel import SingleRank, data_parallel_rank
 from miles.utils import off_policy
 from miles.utils.divergence import check_finite_step, check_finite_weights
 from miles.utils.errors import DivergenceError
@@ -38,6 +39,7 @@ from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import RolloutBatch, Sample
 
 Tensors = list[torch.Tensor]
+SINGLE_RANK = SingleRank()
 
 
 def _as_tensors(rows, dtype=torch.float32) -> Tensors:
@@ -56,13 +58,16 @@ def run_optimizer_steps(
     clip_grad: float,
     micro_batch_loss: Callable[[list[int], float], tuple[torch.Tensor, dict[str, float]]],
     where: str = "training",
+    data_parallel: SingleRank = SINGLE_RANK,
 ) -> dict[str, float]:
     """Optimizer steps over consecutive global batches of sample indices, accumulating micro-batch gradients.
 
     ``micro_batch_loss(indices, divisor)`` returns a loss already divided by the step's divisor;
     ``clip_grad_norm(max_norm)`` clips the accumulated gradients and returns their norm. Metrics are averaged over
-    samples (each micro-batch's metrics weighted by its size); ``grad_norm`` over steps. A non-finite loss or
-    gradient norm raises ``DivergenceError`` (naming ``where``) before its step is applied.
+    samples (each micro-batch's metrics weighted by its size); ``grad_norm`` over steps. ``data_parallel`` gives
+    this rank its slice of each step and sums gradients and metric totals over the ranks
+    (``miles.ranks.data_parallel``), so every rank takes the single-process step and reports its metrics. A
+    non-finite loss or gradient norm raises ``DivergenceError`` (naming ``where``) before its step is applied.
     """
     num_samples = len(loss_masks)
     totals: dict[str, float] = {}
@@ -72,16 +77,19 @@ def run_optimizer_steps(
         divisor = step_divisor([loss_masks[i] for i in step], per_token)
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for micro_start in range(0, len(step), micro_batch_size):
-            micro = step[micro_start : micro_start + micro_batch_size]
+        local = data_parallel.local_indices(step)
+        for micro_start in range(0, len(local), micro_batch_size):
+            micro = local[micro_start : micro_start + micro_batch_size]
             loss, metrics = micro_batch_loss(micro, divisor)
             loss.backward()
             step_loss += float(loss.detach())
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value * len(micro)
+        data_parallel.reduce_gradients(p for group in optimizer.param_groups for p in group["params"])
         grad_norms.append(clip_grad_norm(clip_grad))
         check_finite_step(where, len(grad_norms) - 1, step_loss, grad_norms[-1])
         optimizer.step()
+    totals = data_parallel.sum_totals(totals)
     averaged = {name: total / num_samples for name, total in totals.items()}
     averaged["grad_norm"] = sum(grad_norms) / len(grad_norms)
     return averaged
@@ -98,6 +106,8 @@ class _TrainProcess:
         self.model.module.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.trained_rollout: int | None = None  # the rollout whose training the live weights hold; None part-way
+        # asked once the model (and its process groups) exist
+        self.data_parallel = data_parallel_rank(args.tensor_model_parallel_size)
 
     def trained_rollout_id(self) -> int | None:
         """The rollout whose training the live weights hold (None: part-way through one), for a save on a stop."""
@@ -108,9 +118,9 @@ class _TrainProcess:
         previous, self.trained_rollout = self.trained_rollout, None
         try:
             metrics = run_optimizer_steps(
-                self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size, self.args.micro_batch_size,
-                self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
-                where=f"rollout {rollout_id}, {self.role}",
+                self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size,
+                self.args.micro_batch_size, self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
+                where=f"rollout {rollout_id}, {self.role}", data_parallel=self.data_parallel,
             )
         except DivergenceError as error:
             if not error.weights_changed:
@@ -119,16 +129,28 @@ class _TrainProcess:
         self.trained_rollout = rollout_id
         return metrics
 
-    def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
+    def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str | None:
+        """One checkpoint per role: data-parallel replicas are identical, so only DP rank 0's tensor-parallel ranks
+        take part (they gather the weights and their optimizer states), and its TP rank 0 writes."""
+        if not self.data_parallel.writes_checkpoint:
+            return None
+        optimizers = self.model.gather_over_tensor_parallel(self.optimizer.state_dict())  # each is its shards'
+        # Sharded weights are gathered here, where every tensor-parallel rank takes part; whole ones are saved as is.
+        hf_state = self.model.hf_state_dict() if len(optimizers) > 1 else None
+        if self.model.tensor_parallel_rank != 0:
+            return None
         state = {
             "rollout_id": rollout_id,
             "train_backend": self.args.train_backend,  # the optimizer state is laid out for its parameters
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizers[0],
+            "tensor_model_parallel_size": len(optimizers),
+            **({"tensor_parallel_optimizers": optimizers} if len(optimizers) > 1 else {}),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
             **(extra_state or {}),
         }
-        return str(checkpoint.save_role(root, rollout_id, self.role, self.model, state, self.args.hf_checkpoint))
+        return str(checkpoint.save_role(root, rollout_id, self.role, self.model, state, self.args.hf_checkpoint,
+                                        hf_state))
 
     def _load_trainer_state(self, root: str) -> dict | None:
         rollout_id = checkpoint.latest_rollout_id(root)
@@ -137,7 +159,9 @@ class _TrainProcess:
         role_dir = checkpoint.rollout_dir(root, rollout_id) / self.role
         state = checkpoint.load_trainer_state(role_dir)
         checkpoint.check_same_train_backend(state, role_dir, self.args.train_backend)
-        self.optimizer.load_state_dict(state["optimizer"])
+        checkpoint.check_same_tensor_parallel_size(state, role_dir, self.args.tensor_model_parallel_size)
+        optimizers = state.get("tensor_parallel_optimizers", [state["optimizer"]])
+        self.optimizer.load_state_dict(optimizers[self.model.tensor_parallel_rank])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         return state
@@ -167,7 +191,8 @@ class PolicyTrainer(_TrainProcess):
 
     def __init__(self, args, num_threads: int = 1) -> None:
         torch.set_num_threads(num_threads)
-        model = load_train_model(args.train_backend, "actor", _load_dir(args.load, "actor", args.hf_checkpoint), args.seed)
+        model = load_train_model(args.train_backend, "actor", _load_dir(args.load, "actor", args.hf_checkpoint), args.seed,
+                                 args.tensor_model_parallel_size)
         super().__init__(args, model, args.lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
         self.ref_model = self._load_ref_model(args)
@@ -183,7 +208,8 @@ class PolicyTrainer(_TrainProcess):
     def _load_ref_model(args):
         if not (args.use_kl_loss or args.kl_coef != 0):
             return None
-        ref = load_train_model(args.train_backend, "actor", args.ref_load or args.hf_checkpoint, args.seed)
+        ref = load_train_model(args.train_backend, "actor", args.ref_load or args.hf_checkpoint, args.seed,
+                               args.tensor_model_parallel_size)
         ref.module.eval().requires_grad_(False)
         return ref
 
@@ -340,6 +366,7 @@ class PolicyTrainer(_TrainProcess):
 
         metrics = self._optimizer_steps(rollout_id, batch["loss_masks"], micro_batch_loss)
         metrics = {f"train/{name}": value for name, value in metrics.items()}
+        first_step_log_probs = self.data_parallel.merged(first_step_log_probs)  # each rank saw its slice
         first = sorted(first_step_log_probs)
         drift = off_policy.policy_vs_behavior(
             [first_step_log_probs[i] for i in first], [batch["rollout_log_probs"][i] for i in first]
@@ -361,7 +388,7 @@ class ValueTrainer(_TrainProcess):
     def __init__(self, args, num_threads: int = 1) -> None:
         torch.set_num_threads(num_threads)
         folder = _load_dir(args.critic_load, "critic", args.hf_checkpoint)
-        model = load_train_model(args.train_backend, "critic", folder, args.seed + 1)
+        model = load_train_model(args.train_backend, "critic", folder, args.seed + 1, args.tensor_model_parallel_size)
         super().__init__(args, model, args.critic_lr, num_threads)
         self.loss_config = LossConfig.from_args(args)
 

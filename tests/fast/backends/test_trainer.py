@@ -194,7 +194,8 @@ def _reference_after_one_step(clip_grad: float) -> torch.nn.Module:
 def test_a_train_process_knows_which_rollout_its_weights_hold(first_bad_sample, still_holds):
     """What a save on a stop relies on: 3 before rollout 4; kept when rollout 4 diverged before changing weights."""
     features, targets, masks = _toy_data()
-    args = SimpleNamespace(global_batch_size=4, micro_batch_size=4, calculate_per_token_loss=False, clip_grad=1.0)
+    args = SimpleNamespace(global_batch_size=4, micro_batch_size=4, calculate_per_token_loss=False, clip_grad=1.0,
+                           tensor_model_parallel_size=1)
     process = _TrainProcess(args, TrainModel(_toy_model()), lr=LR, num_threads=torch.get_num_threads())
     process.trained_rollout = 3
 

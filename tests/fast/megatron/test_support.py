@@ -49,3 +49,18 @@ def test_a_missing_megatron_core_names_the_extra(tmp_path, monkeypatch):
                         lambda name, *a: None if name.startswith("megatron") else real_find_spec(name, *a))
     with pytest.raises(MilesConfigError, match=r"pip install -e '\.\[megatron\]'"):
         check_megatron_backend(_checkpoint(tmp_path), cuda_available=False)
+
+
+
+@pytest.mark.parametrize(
+    ("changes", "name"),
+    [({"num_attention_heads": 6, "num_key_value_heads": 6}, "num_attention_heads is 6"),
+     ({"num_key_value_heads": 1}, "num_key_value_heads \\(query groups\\) is 1"),
+     ({"num_key_value_heads": 4, "intermediate_size": 34}, "intermediate_size \\(FFN\\) is 34")],
+    ids=["heads", "query-groups", "ffn"],
+)
+def test_a_tensor_parallel_size_that_does_not_split_the_model_is_refused(tmp_path, changes, name):
+    config = {"intermediate_size": 32, **changes}
+    with pytest.raises(MilesConfigError, match=f"{name}, which --tensor-model-parallel-size 4 does not divide"):
+        check_megatron_backend(_checkpoint(tmp_path, **config), cuda_available=False, tensor_parallel_size=4)
+    check_megatron_backend(_checkpoint(tmp_path, intermediate_size=32), cuda_available=False, tensor_parallel_size=2)

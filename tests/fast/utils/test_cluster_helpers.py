@@ -16,17 +16,18 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
-    ("num_engines", "use_critic", "colocate", "expected"),
+    ("num_engines", "train_ranks", "colocate", "expected"),
     [
-        (1, False, False, 2),  # engine + actor
-        (2, False, False, 3),
-        (2, True, False, 4),  # engines + actor + critic
-        (3, True, True, 2),  # colocated engines share the actor's bundle
-        (4, False, True, 1),
+        (1, 1, False, 2),  # engine + actor
+        (2, 1, False, 3),
+        (2, 2, False, 4),  # engines + actor + critic
+        (3, 2, True, 2),  # colocated engines share the actor's bundle
+        (4, 1, True, 1),
+        (1, 4, False, 5),  # engine + DP=2 actor + DP=2 critic
     ],
 )
-def test_count_bundles(num_engines, use_critic, colocate, expected):
-    assert count_bundles(num_engines, use_critic, colocate) == expected
+def test_count_bundles(num_engines, train_ranks, colocate, expected):
+    assert count_bundles(num_engines, train_ranks, colocate) == expected
 
 
 def test_rollout_seed_differs_per_rollout_engine_and_base_seed():

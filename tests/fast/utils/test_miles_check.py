@@ -403,10 +403,10 @@ class TestCheckLaunch:
         assert "not applicable" in verdict.contract
 
     def test_unknown_flags_are_grouped_with_their_values(self):
-        verdict = check_launch(["--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-tis",
+        verdict = check_launch(["--context-parallel-size", "2", "--sequence-parallel", "--use-tis",
                                 "--adam-eps", "-1e-8", "--advantage-estimator", "ppo"])
         assert verdict.status == "OK"
-        assert verdict.ignored == ["--tensor-model-parallel-size 2", "--sequence-parallel", "--adam-eps -1e-8"]
+        assert verdict.ignored == ["--context-parallel-size 2", "--sequence-parallel", "--adam-eps -1e-8"]
 
 
 class TestUnresolvedWords:
@@ -515,12 +515,12 @@ class TestMainArgumentList:
         assert out == f"command line: train_async.py: OK; contract: OK ({flag})\n"
 
     def test_unknown_megatron_and_sglang_flags_are_ignored_and_the_verdict_stands(self, capsys):
-        unknown = ["--tensor-model-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
+        unknown = ["--context-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", *unknown])
         assert status == 1 and CONTRACT_FIX in out
-        assert "--tensor-model-parallel-size 2, --sglang-mem-fraction-static 0.7" in out
+        assert "--context-parallel-size 2, --sglang-mem-fraction-static 0.7" in out
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", "--use-tis", *unknown])
-        assert status == 0 and "--tensor-model-parallel-size 2, --sglang-mem-fraction-static 0.7" in out
+        assert status == 0 and "--context-parallel-size 2, --sglang-mem-fraction-static 0.7" in out
 
     def test_grpo_is_exempt_and_sync_checks_as_train_py(self, capsys):
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "grpo"])
@@ -552,16 +552,16 @@ class TestMainScripts:
     def test_uncorrected_megatron_launcher_is_rejected_with_the_fix(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "megatron_async_ppo_uncorrected.sh"])
         assert status == 1
-        assert "megatron_async_ppo_uncorrected.sh:64: train_async.py: REJECTED" in out
+        assert "megatron_async_ppo_uncorrected.sh:65: train_async.py: REJECTED" in out
         assert CONTRACT_FIRST_LINE in out and CONTRACT_FIX in out
-        assert "--tensor-model-parallel-size 2" in out and "--sglang-mem-fraction-static 0.7" in out
+        assert "--sequence-parallel" in out and "--sglang-mem-fraction-static 0.7" in out
         assert out.rstrip().endswith("1 REJECTED")
 
     def test_the_same_launcher_with_a_correction_passes(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "megatron_async_ppo_keep_old_actor.sh"])
         assert status == 0
         assert "train_async.py: OK; contract: OK (--keep-old-actor)" in out
-        assert "--tensor-model-parallel-size 2" in out
+        assert "--sequence-parallel" in out
 
     def test_ray_job_submit_launcher_passes(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "ray_job_submit_tis.sh"])

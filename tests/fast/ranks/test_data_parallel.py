@@ -1,0 +1,74 @@
+"""The step loop on two data-parallel ranks (two spawned processes, gloo) takes the single-process step: same
+parameters after two optimizer steps, same metrics, same gradient norm."""
+
+import multiprocessing
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from miles.backends.training_utils.train_process import run_optimizer_steps
+from miles.ranks.data_parallel import DataParallelRank, SingleRank
+
+NUM_SAMPLES, GLOBAL_BATCH = 8, 4
+
+
+def _train(data_parallel) -> tuple[dict, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    inputs, targets = torch.randn(NUM_SAMPLES, 3), torch.randn(NUM_SAMPLES)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    loss_masks = [torch.ones(1 + i % 3) for i in range(NUM_SAMPLES)]  # per-token divisors differ per step
+
+    def micro_batch_loss(indices, divisor):
+        errors = (model(inputs[indices]).squeeze(-1) - targets[indices]) ** 2
+        per_sample = errors * torch.tensor([float(len(loss_masks[i])) for i in indices])
+        return per_sample.sum() / divisor, {"loss": float(per_sample.detach().mean())}
+
+    clip = lambda max_norm: float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))  # noqa: E731
+    metrics = run_optimizer_steps(clip, optimizer, loss_masks, GLOBAL_BATCH, 1, True, 0.5, micro_batch_loss,
+                                  data_parallel)
+    return metrics, [p.detach().clone() for p in model.parameters()]
+
+
+def _rank(rank: int, port: int, results) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        data_parallel = DataParallelRank(rank, 2, dist.group.WORLD)
+        metrics, params = _train(data_parallel)
+        merged = data_parallel.merged({rank: rank * 10})
+        results.put((rank, metrics, [param.tolist() for param in params], merged))  # plain data: the process exits
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_data_parallel_ranks_take_the_single_process_steps():
+    expected_metrics, expected_params = _train(SingleRank())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("spawn")  # a fresh process: the test process may hold a process group
+    results = context.Queue()
+    processes = [context.Process(target=_rank, args=(rank, port, results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    for rank, metrics, params, merged in outcomes:
+        assert merged == {0: 0, 1: 10}
+        assert metrics.keys() == expected_metrics.keys()
+        for name, value in metrics.items():  # float32 sums in another order: a few ulps of the values
+            assert value == pytest.approx(expected_metrics[name], rel=1e-6), (rank, name)
+        for param, expected in zip(params, expected_params, strict=True):
+            torch.testing.assert_close(torch.tensor(param), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_each_rank_takes_a_contiguous_share_of_each_step():
+    step = [8, 9, 10, 11, 12, 13]
+    shares = [DataParallelRank(rank, 3, group=None).local_indices(step) for rank in range(3)]
+    assert shares == [[8, 9], [10, 11], [12, 13]]
+    assert SingleRank().local_indices(step) == step
+    assert [DataParallelRank(rank, 3, None).writes_checkpoint for rank in range(3)] == [True, False, False]
