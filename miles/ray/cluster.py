@@ -32,8 +32,10 @@ def ray_session(address: str | None, num_cpus: int):
         yield
         return
     address = address or os.environ.get("RAY_ADDRESS")
+    # "local" starts a new cluster even when another one runs on this machine: ray.init() alone would try to join
+    # that one and fail ("num_cpus must not be provided"), so a second run beside a first would crash.
     local = {} if address else {"num_cpus": max(num_cpus, os.cpu_count() or 1), "include_dashboard": False}
-    ray.init(address=address, logging_level="WARNING", log_to_driver=True, **local)
+    ray.init(address=address or "local", logging_level="WARNING", log_to_driver=True, **local)
     try:
         yield
     finally:

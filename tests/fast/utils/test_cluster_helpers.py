@@ -79,3 +79,23 @@ def test_a_push_of_non_finite_weights_is_divergence_not_a_fingerprint_mismatch(m
     monkeypatch.setattr(rollout_manager_module.ray, "get", lambda values: values)
     with pytest.raises(DivergenceError, match="weight version 3: .* no longer finite"):
         manager.load_weights(["push ref"])
+
+
+@pytest.mark.parametrize(("flag", "env", "expected"), [(None, None, "local"), (None, "10.0.0.1:6379", "10.0.0.1:6379"),
+                                                       ("auto", "10.0.0.1:6379", "auto")])
+def test_a_run_starts_its_own_local_cluster_unless_told_to_join_one(monkeypatch, flag, expected, env):
+    """Without --ray-address or $RAY_ADDRESS, a run beside another one must not try to join the other's cluster."""
+    from miles.ray import cluster
+
+    calls = []
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster.ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    with cluster.ray_session(flag, num_cpus=3):
+        pass
+    assert calls[0]["address"] == expected
+    assert ("num_cpus" in calls[0]) == (expected == "local")
