@@ -54,6 +54,20 @@ class RankWorker:
         return result if self.rank == 0 else None
 
 
+def rank_worker_class(trainer_class) -> type:
+    """A ``RankWorker`` named after ``trainer_class``, with one method per verb: Ray's timeline, process titles and
+    error reports then say ``PolicyTrainer.prepare``, as they did for a single actor, not ``RankWorker.call``."""
+
+    def forward(verb: str):
+        def method(self, *args, **kwargs):
+            return self.call(verb, *args, **kwargs)
+
+        method.__name__ = method.__qualname__ = verb
+        return method
+
+    return type(trainer_class.__name__, (RankWorker,), {verb: forward(verb) for verb in VERBS})
+
+
 @ray.remote(num_cpus=0, max_retries=0)
 def _rank_zero_result(*results):
     """Runs once every rank's call succeeded (Ray fails it with the first rank's error otherwise)."""
@@ -67,7 +81,7 @@ class _Verb:
         self._workers, self._name = workers, name
 
     def remote(self, *args, **kwargs):
-        refs = [worker.call.remote(self._name, *args, **kwargs) for worker in self._workers]
+        refs = [getattr(worker, self._name).remote(*args, **kwargs) for worker in self._workers]
         return refs[0] if len(refs) == 1 else _rank_zero_result.remote(*refs)
 
 
@@ -80,7 +94,7 @@ class TrainRole:
         self.group = reserve_bundles([{"CPU": layout.ranks_per_node * CPUS_PER_BUNDLE}] * layout.num_nodes,
                                      strategy, placement_timeout_s,
                                      f"the {layout.role} ({layout.world_size} rank(s) on {layout.num_nodes} node(s))")
-        remote_worker = ray.remote(RankWorker)
+        remote_worker = ray.remote(rank_worker_class(trainer_class))
         self.workers = [
             remote_worker.options(
                 num_cpus=CPUS_PER_BUNDLE, max_restarts=0,

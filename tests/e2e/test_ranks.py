@@ -72,11 +72,11 @@ def test_ranks_log_the_single_process_metrics(make_args, tmp_path, backend, rank
 
 
 def _rank_processes() -> list[int]:
-    """Pids of live rank workers (Ray titles its worker processes ``ray::RankWorker...``)."""
+    """Pids of live actor ranks (Ray titles a rank's process after its trainer class: ``ray::PolicyTrainer...``)."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"ray::RankWorker" in cmdline.read_bytes():
+            if b"ray::PolicyTrainer" in cmdline.read_bytes():
                 pids.append(int(cmdline.parent.name))
         except OSError:  # the process ended meanwhile
             continue
