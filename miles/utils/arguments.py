@@ -137,7 +137,7 @@ def miles_validate_args(args) -> None:
     """
     check_flag_values(args)  # first: derived values must not be filled from a value out of range
     args.derived = []
-    _derive(args, "use_critic", args.advantage_estimator == "ppo", "advantage estimator is ppo")
+    _derive(args, "use_critic", args.advantage_estimator == "ppo", f"--advantage-estimator {args.advantage_estimator}")
     _fill(args, "eps_clip_high", args.eps_clip, "--eps-clip")
     _fill(args, "critic_lr", args.lr, "--lr")
     _fill(args, "critic_load", args.load, "--load")
