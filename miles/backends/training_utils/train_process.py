@@ -100,7 +100,7 @@ class _TrainProcess:
 
     role = ""
 
-    def __init__(self, args, model: TrainModel, lr: float, num_threads: int) -> None:
+    def __init__(self, args, model: TrainModel, lr: float) -> None:
         self.args = args
         self.model = model
         self.model.module.train()
@@ -171,6 +171,12 @@ class _TrainProcess:
         return {"model": self.model.native_state_dict(), "optimizer": self.optimizer.state_dict()}
 
 
+def _load_role_model(args, role: str, hf_folder: str, seed: int, num_threads: int) -> TrainModel:
+    """The role's model on ``--train-backend``, after pinning this process's torch threads (loading runs torch ops)."""
+    torch.set_num_threads(num_threads)
+    return load_train_model(args.train_backend, role, hf_folder, seed, args.tensor_model_parallel_size)
+
+
 def _load_dir(root: str | None, role: str, fallback: str) -> str:
     rollout_id = checkpoint.latest_rollout_id(root) if root else None
     return fallback if rollout_id is None else str(checkpoint.rollout_dir(root, rollout_id) / role)
@@ -190,10 +196,8 @@ class PolicyTrainer(_TrainProcess):
     role = "actor"
 
     def __init__(self, args, num_threads: int = 1) -> None:
-        torch.set_num_threads(num_threads)
-        model = load_train_model(args.train_backend, "actor", _load_dir(args.load, "actor", args.hf_checkpoint), args.seed,
-                                 args.tensor_model_parallel_size)
-        super().__init__(args, model, args.lr, num_threads)
+        folder = _load_dir(args.load, "actor", args.hf_checkpoint)
+        super().__init__(args, _load_role_model(args, "actor", folder, args.seed, num_threads), args.lr)
         self.loss_config = LossConfig.from_args(args)
         self.ref_model = self._load_ref_model(args)
         self.snapshots = WeightSnapshotStore() if args.keep_old_actor else None
@@ -386,10 +390,8 @@ class ValueTrainer(_TrainProcess):
     role = "critic"
 
     def __init__(self, args, num_threads: int = 1) -> None:
-        torch.set_num_threads(num_threads)
         folder = _load_dir(args.critic_load, "critic", args.hf_checkpoint)
-        model = load_train_model(args.train_backend, "critic", folder, args.seed + 1, args.tensor_model_parallel_size)
-        super().__init__(args, model, args.critic_lr, num_threads)
+        super().__init__(args, _load_role_model(args, "critic", folder, args.seed + 1, num_threads), args.critic_lr)
         self.loss_config = LossConfig.from_args(args)
 
     def init(self) -> None:

@@ -196,7 +196,7 @@ def test_a_train_process_knows_which_rollout_its_weights_hold(first_bad_sample, 
     features, targets, masks = _toy_data()
     args = SimpleNamespace(global_batch_size=4, micro_batch_size=4, calculate_per_token_loss=False, clip_grad=1.0,
                            tensor_model_parallel_size=1)
-    process = _TrainProcess(args, TrainModel(_toy_model()), lr=LR, num_threads=torch.get_num_threads())
+    process = _TrainProcess(args, TrainModel(_toy_model()), lr=LR)
     process.trained_rollout = 3
 
     def micro_batch_loss(indices, divisor):
