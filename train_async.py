@@ -41,12 +41,11 @@ async def train(args) -> None:
             train_refs = run.train(rollout_id, rollout_ref, staleness)
             if (rollout_id + 1) % args.update_weights_interval == 0:
                 await run.settled(push)
-                # Submitted now and not awaited: the export waits for this rollout's training (it depends on it),
-                # and Ray runs one caller's calls to an actor in order, so the engines load the push after the
-                # in-flight generation (drained: no push lands in the middle of one) and before the next, and the
-                # actor exports it before its next rollout. The driver is no hand-off between train and export.
-                push = run.update_weights(rollouts_trained=rollout_id + 1, after=train_refs)
-            train_metrics = await asyncio.gather(*train_refs)
+                # Submitted now and not awaited: Ray runs one caller's calls to an actor in order, so the actor
+                # exports right after this rollout's training, and the engines load the push after the in-flight
+                # generation (drained: no push lands in the middle of one) and before the next.
+                push = run.update_weights(rollouts_trained=rollout_id + 1)
+            train_metrics = [await ref for ref in train_refs]  # in order: a failed guard is reported as itself
             run.finish_rollout(rollout_id, [await rollout_metrics_ref, *train_metrics])
             if run.should_stop(rollout_id):
                 break

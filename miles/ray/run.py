@@ -95,8 +95,10 @@ class TrainingRun:
 
     @staticmethod
     def wait(refs):
-        """Block until the referenced results are ready and return them (the sync driver's ``await``)."""
-        return ray.get(refs)
+        """Block until the referenced results are ready and return them (the sync driver's ``await``). A list is
+        awaited in order, so a failure is reported as the earliest step's: the guard's, not the ``train`` that
+        failed after it (``ray.get`` of a list would raise whichever failure arrived first)."""
+        return [ray.get(ref) for ref in refs] if isinstance(refs, list) else ray.get(refs)
 
     @staticmethod
     async def settled(ref) -> None:
@@ -112,21 +114,28 @@ class TrainingRun:
         return self.rollout_manager.generate.options(num_returns=2).remote(rollout_id)
 
     def train(self, rollout_id: int, rollout_ref, expected_staleness: int) -> list:
-        """Refs of the rollout's metrics. The actor first guards the rollout and computes its denominator; PPO's
-        critic values (taken before its step) feed both the actor and the critic, which steps after the guard."""
-        values_ref = self.critic.compute_values.remote(rollout_ref) if self.critic is not None else None
-        guard_ref = self.actor.prepare.remote(rollout_id, rollout_ref, expected_staleness, values_ref)
-        if self.critic is None:
-            return [self.actor.train.remote(rollout_id, guard_ref)]
-        refs = [self.critic.train.remote(rollout_id, rollout_ref, values_ref, guard_ref)]
-        critic_only = rollout_id < self.args.num_critic_only_steps
-        return refs + [guard_ref if critic_only else self.actor.train.remote(rollout_id, guard_ref)]
+        """Refs of the rollout's metrics, the guard's first. The actor first guards the rollout and computes its
+        denominator (``prepare``); PPO's critic values (taken before its step) feed both the actor and the critic,
+        which steps after the guard passed (its ``train`` takes the guard's ref).
 
-    def update_weights(self, rollouts_trained: int, after: list | None = None):
-        """Push the actor's weights to the engines as the next version, through the object store. ``after``: refs
-        of the calls the export must follow (this rollout's ``train``); a failed one then fails the push instead
-        of pushing the untrained weights."""
-        return push_weights(self.rollout_manager, self.actor, rollouts_trained, after or [])
+        The actor's ``train`` is submitted at once, without the guard's ref: Ray runs one caller's calls to an actor
+        in order, so it runs right after ``prepare`` in the actor's process, not after a trip through the driver.
+        If the guard failed, ``train`` finds no prepared rollout and fails too; the drivers await these refs in
+        order, so they report the guard's error."""
+        values_ref = self.critic.compute_values.remote(rollout_ref) if self.critic is not None else None
+        refs = [self.actor.prepare.remote(rollout_id, rollout_ref, expected_staleness, values_ref)]
+        if self.critic is not None:
+            refs.append(self.critic.train.remote(rollout_id, rollout_ref, values_ref, refs[0]))
+        critic_only = self.critic is not None and rollout_id < self.args.num_critic_only_steps
+        if not critic_only:
+            refs.append(self.actor.train.remote(rollout_id))
+        return refs
+
+    def update_weights(self, rollouts_trained: int):
+        """Push the actor's weights, trained on ``rollouts_trained`` rollouts, to the engines as the next version,
+        through the object store. Submitted with the training, not after it: the actor exports once its
+        ``train`` ran (Ray's order), and refuses to if that training failed (``PolicyTrainer.export_weights``)."""
+        return push_weights(self.rollout_manager, self.actor, rollouts_trained, after_training=True)
 
     def finish_rollout(self, rollout_id: int, metrics: list[dict]) -> None:
         """Save and evaluate when due, log the rollout's metrics, and stop if the policy drifted past --max-behavior-kl.
@@ -209,11 +218,12 @@ def _process_died(error: Exception, args, last_finished_rollout: int | None, rol
     return ProcessDiedError(f"{' and '.join(dead)} process died {when}; the run stopped. {checkpoint_note(args)}")
 
 
-def push_weights(rollout_manager, actor, rollouts_trained: int, after: list):
-    """The actor exports its weights as the next version (once the ``after`` refs succeeded) and the engines load
-    them. The export's reference goes to the RolloutManager inside a list, so Ray passes it on to the engines
-    instead of fetching the weights into the manager (``RolloutManager.load_weights``)."""
-    return rollout_manager.load_weights.remote([actor.export_weights.remote(rollouts_trained, *after)])
+def push_weights(rollout_manager, actor, rollouts_trained: int, after_training: bool):
+    """The actor exports its weights as the next version and the engines load them. ``after_training``: the
+    export follows the training of rollout ``rollouts_trained - 1`` (the start-up push follows none). The export's
+    reference goes to the RolloutManager inside a list, so Ray passes it on to the engines instead of fetching the
+    weights into the manager (``RolloutManager.load_weights``)."""
+    return rollout_manager.load_weights.remote([actor.export_weights.remote(rollouts_trained, after_training)])
 
 
 def _create_train_roles(args, roles: list) -> tuple[TrainRole, TrainRole | None]:
@@ -253,7 +263,7 @@ def training_run(args, driver: str):
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
-            ray.get(push_weights(rollout_manager, actor, start_rollout_id, after=[]))
+            ray.get(push_weights(rollout_manager, actor, start_rollout_id, after_training=False))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:
                 run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id, stop_request)

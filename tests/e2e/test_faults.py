@@ -48,10 +48,10 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_finite_rollout(m
 class PolicyTrainer(train_process.PolicyTrainer):  # the same class name, as Ray reports it for a real actor
     """An actor whose process dies (as if killed) in the middle of training rollout 2."""
 
-    def train(self, rollout_id: int, guard_report=None):
+    def train(self, rollout_id: int):
         if rollout_id == 2:
             os._exit(9)
-        return super().train(rollout_id, guard_report)
+        return super().train(rollout_id)
 
 
 def test_a_dead_actor_is_one_line_naming_its_role_and_the_latest_checkpoint(make_args, tmp_path, capsys, monkeypatch):

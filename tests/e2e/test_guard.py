@@ -22,8 +22,8 @@ class SnapshotCorruptingTrainer(PolicyTrainer):
     """Puts wrong weights into the snapshot of version 2 and leaves its version and fingerprint labels intact (on
     the megatron backend the snapshot is in Megatron's layout: the corrupted tensor is a Megatron shard)."""
 
-    def export_weights(self, rollouts_trained: int, *after) -> dict:
-        payload = super().export_weights(rollouts_trained, *after)
+    def export_weights(self, rollouts_trained: int, after_training: bool = False) -> dict:
+        payload = super().export_weights(rollouts_trained, after_training)
         if payload["version"] == 2:
             snapshot = self.snapshots._snapshots[2]
             name = next(iter(snapshot.state_dict))

@@ -118,10 +118,10 @@ class RankOneShardCorruptingTrainer(PolicyTrainer):
     """Adds noise to tensor-parallel rank 1's shard of a fused QKV weight in the snapshot of version 2, keeping its
     version and fingerprint labels: only the gathered whole of every rank's shards can show it."""
 
-    def export_weights(self, rollouts_trained: int, *after):
+    def export_weights(self, rollouts_trained: int, after_training: bool = False):
         from megatron.core import parallel_state  # in the rank's process, which has built GPTModel
 
-        payload = super().export_weights(rollouts_trained, *after)
+        payload = super().export_weights(rollouts_trained, after_training)
         if self.weight_version == 2 and parallel_state.get_tensor_model_parallel_rank() == 1:
             shard = self.snapshots._snapshots[2].state_dict["decoder.layers.0.self_attention.linear_qkv.weight"]
             shard.add_(1e-3 * torch.randn_like(shard))

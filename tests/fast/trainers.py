@@ -46,9 +46,10 @@ def engine_with(embedded: EmbeddedPaths, payload: dict) -> TorchRolloutEngine:
 
 
 def train_on(trainer: PolicyTrainer, rollout_id: int, rollout: RolloutBatch, expected_staleness: int) -> dict:
-    """What the driver does per rollout: the guard and denominator (``prepare``), then the optimizer steps."""
+    """What the driver does per rollout: the guard and denominator (``prepare``), then the optimizer steps; the
+    metrics of both, as the driver logs them."""
     guard_report = trainer.prepare(rollout_id, rollout, expected_staleness)
-    return trainer.train(rollout_id, guard_report)
+    return {**guard_report, **trainer.train(rollout_id)}
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:

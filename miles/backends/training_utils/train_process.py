@@ -189,7 +189,6 @@ class _PreparedRollout:
     rollout_id: int
     samples: list[Sample]
     batch: dict
-    metrics: dict[str, float]
 
 
 class PolicyTrainer(_TrainProcess):
@@ -230,11 +229,16 @@ class PolicyTrainer(_TrainProcess):
         # Snapshots are not saved: a resumed run regenerates its first rollout with the loaded weights (d = 0).
         return super().save(root, rollout_id, {"weight_version": self.weight_version, **(extra_state or {})})
 
-    def export_weights(self, rollouts_trained: int, *after) -> dict:
+    def export_weights(self, rollouts_trained: int, after_training: bool = False) -> dict:
         """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot.
 
-        ``after``: results of the calls this export follows, unused: the driver passes their refs so that Ray runs
-        the export only once they succeeded."""
+        ``after_training``: this push follows the training of rollout ``rollouts_trained - 1``. The driver submits
+        it together with that ``train`` (Ray runs them in order), so it checks here that the training succeeded:
+        weights that do not hold it are never pushed (that failure is the run's error; this one only follows it).
+        """
+        if after_training and self.trained_rollout != rollouts_trained - 1:
+            raise RuntimeError(f"weight version {self.weight_version + 1} is not pushed: the weights do not hold the "
+                               f"training of rollout {rollouts_trained - 1}, which failed (that error is the cause)")
         self.weight_version += 1
         state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
         fingerprint = weights_fingerprint(state_dict)
@@ -341,19 +345,20 @@ class PolicyTrainer(_TrainProcess):
         metrics = {f"off_policy/{name}": value for name, value in report.items()}
         metrics["perf/guard_s"] = self._guard_s
         metrics["perf/prepare_s"] = time.perf_counter() - start
-        self._prepared = _PreparedRollout(rollout_id, samples, batch, metrics)
+        self._prepared = _PreparedRollout(rollout_id, samples, batch)
         if rollout_id < self.args.num_critic_only_steps:
             self.trained_rollout = rollout_id  # a critic-only rollout leaves the actor's weights as they are
         return metrics
 
-    def train(self, rollout_id: int, guard_report=None) -> dict[str, float]:
+    def train(self, rollout_id: int) -> dict[str, float]:
         """The optimizer steps on the rollout ``prepare`` checked; also measures policy vs behavior at step one.
 
-        ``guard_report`` is ``prepare``'s result, passed so that Ray runs this only when the guard passed (a guard
-        error then reaches the driver as itself, not as a missing ``prepare``)."""
+        The driver submits this together with ``prepare`` (Ray runs them in order); if ``prepare`` failed (the
+        guard refused the rollout), there is no prepared rollout and this fails too, leaving the weights as they
+        are."""
         prepared, self._prepared = self._prepared, None
         if prepared is None or prepared.rollout_id != rollout_id:
-            raise RuntimeError(f"train({rollout_id}) without prepare({rollout_id}) first")
+            raise RuntimeError(f"rollout {rollout_id} is not trained: its prepare failed (that error is the cause)")
         start = time.perf_counter()
         samples, batch = prepared.samples, prepared.batch
         first_step = set(range(min(self.args.global_batch_size, len(samples))))
@@ -376,7 +381,6 @@ class PolicyTrainer(_TrainProcess):
             [first_step_log_probs[i] for i in first], [batch["rollout_log_probs"][i] for i in first]
         )
         metrics.update({f"off_policy/{name}": value for name, value in drift.items()})
-        metrics.update(prepared.metrics)
         metrics["perf/train_s"] = time.perf_counter() - start
         metrics["perf/actor_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return metrics

@@ -10,7 +10,7 @@ import torch
 
 from miles.backends.training_utils.train_model import TrainModel
 from miles.backends.training_utils.train_process import _TrainProcess, run_optimizer_steps
-from miles.utils.errors import DivergenceError
+from miles.utils.errors import DivergenceError, OffPolicyGuardError
 from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, train_on, weights
 
 LR = 0.1
@@ -271,3 +271,26 @@ def test_recompute_pass_runs_only_when_needed(embedded, monkeypatch, flags, expe
     assert len(calls) == expected_passes
     assert ("off_policy/denominator_behavior_abs_diff_max" in metrics) == (expected_passes == 1)
     assert max_change(before, weights(trainer)) > 1e-4
+
+
+@pytest.mark.usefixtures("restore_torch_threads")
+def test_a_refused_rollout_is_neither_trained_nor_pushed(embedded):
+    """The driver submits prepare, train and the push's export together (Ray runs them in order in the actor): when
+    the guard refuses the rollout, train and the export must fail too, and leave the weights and versions as they
+    are, rather than train on nothing or push untrained weights as the next version."""
+    trainer = policy_trainer(embedded)
+    trainer.init()
+    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    rollout = make_rollout(embedded, engine, 0)
+    before = weights(trainer)
+    with pytest.raises(OffPolicyGuardError):
+        trainer.prepare(0, rollout, expected_staleness=1)  # the sync loop's rollouts are never stale
+    with pytest.raises(RuntimeError, match="rollout 0 is not trained: its prepare failed"):
+        trainer.train(0)
+    with pytest.raises(RuntimeError, match="weight version 2 is not pushed: .* rollout 0, which failed"):
+        trainer.export_weights(rollouts_trained=1, after_training=True)
+    assert max_change(before, weights(trainer)) == 0.0
+    assert trainer.weight_version == 1
+
+    train_on(trainer, 0, rollout, expected_staleness=0)  # the same calls on an accepted rollout
+    assert trainer.export_weights(rollouts_trained=1, after_training=True)["version"] == 2
