@@ -378,7 +378,8 @@ def bench_session(keep_logs: bool, folder_prefix: str):
     import ray
 
     log_root = Path(tempfile.mkdtemp(prefix=folder_prefix))
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    # "local": a cluster of its own, even beside a running one (whose work would also skew the timings).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     try:
         yield log_root
     finally:

@@ -36,7 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-rollout", type=int, default=40)
     options = parser.parse_args()
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    # "local": a cluster of its own, even beside a running one (whose work would also skew the timings).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     try:
         fractions = {}
         with tempfile.TemporaryDirectory() as folder:
