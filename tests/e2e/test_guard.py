@@ -8,6 +8,7 @@ import ray
 import torch
 
 import miles.ray.run
+import train
 import train_async
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
@@ -29,6 +30,15 @@ class SnapshotCorruptingTrainer(PolicyTrainer):
             name = next(iter(snapshot.state_dict))
             snapshot.state_dict[name].add_(1e-3 * torch.randn_like(snapshot.state_dict[name]))
         return payload
+
+
+class RolloutTwoRefusingTrainer(PolicyTrainer):
+    """A guard that refuses rollout 2, as if its provenance check had failed."""
+
+    def _check_provenance(self, rollout_id, samples, expected_staleness):
+        if rollout_id == 2:
+            raise OffPolicyGuardError(f"rollout {rollout_id}: refused by the test's guard")
+        return super()._check_provenance(rollout_id, samples, expected_staleness)
 
 
 def run_async(args) -> list[dict]:
@@ -106,3 +116,23 @@ def test_max_behavior_kl_stops_the_run_after_saving(make_args, tmp_path):
     assert "correction in effect: none" in str(caught.value)
     assert [r["rollout_id"] for r in read_metrics(args.log_dir)] == [0, 1]
     assert checkpoint.latest_rollout_id(str(save)) == 1
+
+
+@pytest.mark.parametrize("driver", ["train.py", "train_async.py"])
+def test_a_refused_rollout_stops_the_run_with_the_guards_error_and_nothing_trained_or_pushed(
+    make_args, tmp_path, monkeypatch, driver
+):
+    """prepare, train and the push's export are submitted together (Ray runs them in order in the actor): the run
+    must report the guard's error, not the train or export that refused to follow it. The stop's save of rollout 1
+    shows the rest: it is made only if the actor's weights still hold rollout 1 (nothing trained on rollout 2),
+    and it records the pushes so far (none after rollout 2)."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    monkeypatch.setattr(miles.ray.run, "PolicyTrainer", RolloutTwoRefusingTrainer)
+    save = tmp_path / "ckpt"
+    args = make_args("--advantage-estimator", "grpo", "--use-tis", "--num-rollout", "4", "--save", str(save))
+    with pytest.raises(OffPolicyGuardError, match=r"^rollout 2: refused by the test's guard") as caught:
+        train.train(args) if driver == "train.py" else asyncio.run(train_async.train(args))
+    assert f"Saved rollout 1 in {save}" in str(caught.value)
+    assert [record["rollout_id"] for record in read_metrics(args.log_dir)] == [0, 1]
+    state = checkpoint.load_trainer_state(checkpoint.rollout_dir(str(save), 1) / "actor")
+    assert state["weight_version"] == 3  # the start-up push and the pushes after rollouts 0 and 1
