@@ -10,9 +10,8 @@ optimizer steps) from each run's metrics. Prints the median ratio per mode; the 
 import argparse
 import asyncio
 import statistics
-import tempfile
 
-import ray
+from async_vs_sync import bench_session  # bench/ is sys.path[0] when run as `python bench/guard_cost.py`
 
 import train_async
 from miles.utils.arguments import parse_args
@@ -36,19 +35,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-rollout", type=int, default=40)
     options = parser.parse_args()
-    # "local": a cluster of its own, even beside a running one (whose work would also skew the timings).
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    try:
-        fractions = {}
-        with tempfile.TemporaryDirectory() as folder:
-            for index, (name, flags) in enumerate(MODES.items()):
-                guard, step, fractions[name] = guard_fraction(flags, options.num_rollout, f"{folder}/{index}")
-                print(f"{name}: guard {guard * 1e3:.3f} ms, training {step * 1e3:.1f} ms per rollout "
-                      f"-> {100 * fractions[name]:.3f} %", flush=True)
-        worst = max(fractions, key=fractions.get)
-        print(f"runtime guard costs at most {100 * fractions[worst]:.3f} % of the actor's step time ({worst}; goal <= 2 %)")
-    finally:
-        ray.shutdown()
+    fractions = {}
+    with bench_session(keep_logs=False, folder_prefix="miles-bench-guard-") as folder:
+        for index, (name, flags) in enumerate(MODES.items()):
+            guard, step, fractions[name] = guard_fraction(flags, options.num_rollout, f"{folder}/{index}")
+            print(f"{name}: guard {guard * 1e3:.3f} ms, training {step * 1e3:.1f} ms per rollout "
+                  f"-> {100 * fractions[name]:.3f} %", flush=True)
+    worst = max(fractions, key=fractions.get)
+    print(f"runtime guard costs at most {100 * fractions[worst]:.3f} % of the actor's step time ({worst}; goal <= 2 %)")
 
 
 if __name__ == "__main__":
