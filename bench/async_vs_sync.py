@@ -416,7 +416,7 @@ def main() -> None:
                                 "--learning", action="store_true",
                                 help=f"train with the flags' learning rate instead of {' '.join(SAME_WORK)}: the sync "
                                      "and async runs then train on different rollouts"))
-    if not options.learning and "--lr" in options.extra:
+    if not options.learning and any(arg == "--lr" or arg.startswith("--lr=") for arg in options.extra):
         sys.exit("bench/async_vs_sync.py: --lr after '--' would replace the benchmark's --lr 0 (the same work for "
                  "both drivers); add --learning to train with another learning rate")
     same_work = [] if options.learning else SAME_WORK
