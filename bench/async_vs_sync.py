@@ -253,8 +253,8 @@ def run_training(driver: str, argv: list[str], log_dir: Path) -> list[dict]:
     metrics records."""
     import train
     import train_async
+    from miles.tracking.metrics import read_metrics
     from miles.utils.arguments import parse_args
-    from miles.utils.tracking import read_metrics
 
     args = parse_args(argv=[*argv, "--log-dir", str(log_dir)])
     print(f"[bench] {driver} run: {' '.join(argv)}", flush=True)

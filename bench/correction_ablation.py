@@ -257,7 +257,7 @@ def reward_curves(seeds: dict[str, list[dict]]) -> Curve:
 def draw_figure(results: dict, path: Path) -> Path:
     """Reward and eval-accuracy curves, one column per interval, sync PPO drawn in each (the project's plotting
     code)."""
-    from miles.utils.plot import plot_bands
+    from miles.tracking.plot import plot_bands
 
     panels = {}
     intervals = results["settings"]["intervals"]

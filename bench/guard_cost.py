@@ -14,8 +14,8 @@ import statistics
 from async_vs_sync import bench_session  # bench/ is sys.path[0] when run as `python bench/guard_cost.py`
 
 import train_async
+from miles.tracking.metrics import read_metrics
 from miles.utils.arguments import parse_args
-from miles.utils.tracking import read_metrics
 
 MODES = {"ppo --keep-old-actor": ["--advantage-estimator", "ppo", "--keep-old-actor"],
          "grpo --use-tis": ["--advantage-estimator", "grpo", "--use-tis"]}

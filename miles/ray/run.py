@@ -24,12 +24,12 @@ from miles.ranks.role import TrainRole, dead_rank_names
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
+from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summary
+from miles.tracking.plot import plot_run
 from miles.utils import off_policy
 from miles.utils.errors import MilesRunError, ProcessDiedError, RunInterrupted
-from miles.utils.plot import plot_run
 from miles.utils.preflight import check_rollouts_left, preflight
 from miles.utils.stop_signals import StopRequest
-from miles.utils.tracking import MetricsTracker, default_log_dir, format_summary
 
 logger = logging.getLogger("miles")
 

@@ -33,8 +33,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from miles.models.hf import quiet_transformers_progress
 from miles.utils.errors import MilesConfigError
-from miles.utils.hf import quiet_transformers_progress
 
 CACHE_VERSION = "embedded-v1"  # bump when anything below changes, so stale caches are never reused
 CACHE_ENV_VAR = "MILES_CACHE_DIR"

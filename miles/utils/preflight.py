@@ -15,11 +15,11 @@ from transformers import AutoConfig
 
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
+from miles.models.hf import check_hf_checkpoint, load_tokenizer
 from miles.rollout.data_source import load_prompt_data
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.rm import get_reward_fn
 from miles.utils.errors import MilesConfigError
-from miles.utils.hf import check_hf_checkpoint, load_tokenizer
 
 # Prompt files within both limits are tokenized up front: about one second of one CPU core even for the embedded
 # character-level tokenizer (measured ~18 us a prompt plus ~0.8 us a character). Larger ones are checked batch by

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import train
+from miles.tracking.metrics import read_metrics
 from miles.utils import preflight
 from miles.utils.cli import _user_message
 from miles.utils.errors import MilesConfigError
-from miles.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 REPO_ROOT = Path(__file__).resolve().parents[2]

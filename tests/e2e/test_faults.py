@@ -12,10 +12,9 @@ import ray
 
 import miles.ray.run
 import train
-from miles.backends.training_utils import checkpoint
-from miles.backends.training_utils import train_process
+from miles.backends.training_utils import checkpoint, train_process
+from miles.tracking.metrics import read_metrics
 from miles.utils.cli import run_cli
-from miles.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 REPO_ROOT = Path(__file__).resolve().parents[2]

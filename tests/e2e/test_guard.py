@@ -12,9 +12,9 @@ import train
 import train_async
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.tracking.metrics import read_metrics
 from miles.utils.errors import OffPolicyGuardError
 from miles.utils.off_policy import BehaviorDriftError
-from miles.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -8,7 +8,7 @@ import pytest
 
 import train
 import train_async
-from miles.utils.tracking import read_metrics
+from miles.tracking.metrics import read_metrics
 
 pytest.importorskip("megatron.core")
 

@@ -20,8 +20,8 @@ import train
 import train_async
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.tracking.metrics import read_metrics
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError, ProcessDiedError
-from miles.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 GRPO = ["--advantage-estimator", "grpo", "--num-rollout", "3", "--lr", "1e-3"]

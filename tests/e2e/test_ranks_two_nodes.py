@@ -9,7 +9,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import train
-from miles.utils.tracking import read_metrics
+from miles.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -17,8 +17,8 @@ import train_async
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
 from miles.ray.run import resolve_run_paths
+from miles.tracking.metrics import read_metrics
 from miles.utils.errors import MilesConfigError
-from miles.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 
 import train
 import train_async
-from miles.utils.tracking import read_metrics
+from miles.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

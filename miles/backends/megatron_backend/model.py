@@ -4,7 +4,7 @@ the Hugging Face layout.
 - The actor is GPTModel with the local layer spec (RMSNorm, GQA, qkv bias, SwiGLU, RoPE), its weights converted
   from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch backend's weights.
 - The critic is the same GPTModel whose output layer is a scalar head with bias, Megatron's stand-in for HF's
-  token-classification ``score`` layer. It is converted from the HF critic that ``miles.utils.hf`` builds, so a
+  token-classification ``score`` layer. It is converted from the HF critic that ``miles.models.hf`` builds, so a
   new head starts from the torch backend's initialization, bit for bit, under the same seed.
 - Every forward pass gets an explicit causal mask (True = masked): with ``attention_mask=None`` megatron builds one
   on CUDA. Right padding needs nothing more, since real tokens never attend to the pads after them.
@@ -34,9 +34,9 @@ from miles.backends.megatron_backend.tensor_parallel import (
     partition_dims,
     shard_state,
 )
-from miles.backends.torch_backend.models import HFTrainModel
 from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
 from miles.backends.training_utils.train_model import StateDict, TrainModel
+from miles.models.hf import load_role_model
 from miles.utils.types import Sample
 
 with quiet_megatron_warnings():
@@ -142,7 +142,7 @@ class MegatronTrainModel(TrainModel):
         """Build GPTModel for ``role`` (this rank's part of it) and convert the weights of the HF model in
         ``hf_folder`` into it."""
         device = initialize_model_parallel(seed, tensor_parallel_size)
-        hf_model = HFTrainModel.load(role, hf_folder).module  # the torch backend's loader: same weights, same init
+        hf_model = load_role_model(role, hf_folder)  # the loader the torch backend uses: same weights, same init
         module = build_gpt_model(hf_model.config, role, device.type == "cpu", tensor_parallel_size)
         model = cls(module, hf_model.config, role, device)
         whole = hf_to_megatron(hf_model.state_dict(), model.layout)

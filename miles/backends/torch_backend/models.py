@@ -1,6 +1,6 @@
 """The torch backend: the actor and the critic are Hugging Face models in one process (``--train-backend torch``).
 
-Models load through ``miles.utils.hf`` (fp32, local files only), the same loader the rollout engine uses, so the
+Models load through ``miles.models.hf`` (fp32, local files only), the same loader the rollout engine uses, so the
 engine and the trainer compute log-probs with the same model class, dtype and attention implementation. The
 native layout is the Hugging Face layout, so the weight push and the checkpoints need no conversion.
 """
@@ -13,7 +13,7 @@ import torch
 
 from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
 from miles.backends.training_utils.train_model import StateDict, TrainModel
-from miles.utils.hf import load_causal_lm, load_value_model
+from miles.models.hf import load_role_model
 from miles.utils.types import Sample
 
 
@@ -38,7 +38,7 @@ class HFTrainModel(TrainModel):
 
     @classmethod
     def load(cls, role: str, hf_folder: str) -> HFTrainModel:
-        return cls(load_value_model(hf_folder) if role == "critic" else load_causal_lm(hf_folder))
+        return cls(load_role_model(role, hf_folder))
 
     def response_log_probs(self, samples, temperature, with_entropy=False):
         return response_log_probs(self.module, samples, temperature, with_entropy)

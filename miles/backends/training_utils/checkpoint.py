@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from miles.models.hf import quiet_transformers_progress
 from miles.utils.errors import MilesConfigError
-from miles.utils.hf import quiet_transformers_progress
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 TRAINER_STATE_FILE = "trainer_state.pt"

@@ -1,7 +1,7 @@
-"""``python -m miles.utils.check``: the same as the ``miles-check`` console script."""
+"""``python -m miles.utils.check``: deprecated, runs ``python -m miles.check`` (the same checker, same output)."""
 
 import sys
 
-from miles.utils.check.cli import main
+from miles.check.cli import main
 
 sys.exit(main())

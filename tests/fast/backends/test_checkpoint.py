@@ -17,8 +17,8 @@ from miles.backends.training_utils.checkpoint import (
     rollout_dir,
     save_role,
 )
+from miles.models.hf import load_causal_lm
 from miles.utils.errors import MilesConfigError
-from miles.utils.hf import load_causal_lm
 
 TOKENIZER_FILES = {"tokenizer.json": '{"fake": 1}', "tokenizer_config.json": '{"x": 2}',
                    "special_tokens_map.json": '{"eos_token": "<eos>"}'}

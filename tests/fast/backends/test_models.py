@@ -13,7 +13,7 @@ from miles.backends.torch_backend.models import (
     response_log_probs,
     response_values,
 )
-from miles.utils.hf import load_value_model
+from miles.models.hf import load_value_model
 from miles.utils.types import Sample
 
 VOCAB_SIZE = 11

@@ -5,7 +5,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from miles.backends.megatron_backend.qwen2 import Qwen2Layout, hf_to_megatron, megatron_to_hf
-from miles.utils.hf import load_causal_lm
+from miles.models.hf import load_causal_lm
 
 
 def _random_gqa_config(tied: bool) -> Qwen2Config:

@@ -162,7 +162,7 @@ def test_train_async_rejects_an_unreachable_staleness_bound_cleanly_before_heavy
 
 
 def test_miles_check_reports_the_unreachable_bound_and_exits_1():
-    result = _run("-m", "miles.utils.check", "--", "--max-weight-staleness", "1", "--update-weights-interval", "2")
+    result = _run("-m", "miles.check", "--", "--max-weight-staleness", "1", "--update-weights-interval", "2")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "command line: train_async.py: REJECTED" in result.stdout
     assert "--max-weight-staleness 1 cannot hold" in result.stdout
@@ -171,6 +171,6 @@ def test_miles_check_reports_the_unreachable_bound_and_exits_1():
 
 
 def test_miles_check_accepts_the_bound_within_the_interval():
-    result = _run("-m", "miles.utils.check", "--", "--max-weight-staleness", "2", "--update-weights-interval", "2")
+    result = _run("-m", "miles.check", "--", "--max-weight-staleness", "2", "--update-weights-interval", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "command line: train_async.py: OK" in result.stdout

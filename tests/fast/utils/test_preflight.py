@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from miles.backends.training_utils import checkpoint
+from miles.models.hf import load_causal_lm
 from miles.utils import preflight as preflight_module
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError
-from miles.utils.hf import load_causal_lm
 from miles.utils.preflight import check_rollouts_left, preflight
 
 

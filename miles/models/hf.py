@@ -1,7 +1,7 @@
 """Loading Hugging Face folders: one place for the causal LM, the critic and the tokenizer, all local and fp32.
 
-The rollout engine, the trainer and the embedded default's builder all load through here, so the engine and the
-trainer compute log-probs with the same model class, dtype and attention implementation.
+The rollout engine, both training backends and the embedded default's builder all load through here, so the
+engine and the trainer compute log-probs with the same model class, dtype and attention implementation.
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ def load_value_model(hf_checkpoint: str) -> torch.nn.Module:
         )
     finally:
         transformers_logging.set_verbosity(verbosity)
+
+
+def load_role_model(role: str, hf_checkpoint: str) -> torch.nn.Module:
+    """The model a train role starts from: the critic for ``"critic"``, the causal LM for any other role."""
+    return load_value_model(hf_checkpoint) if role == "critic" else load_causal_lm(hf_checkpoint)
 
 
 HF_CHECKPOINT_FIX = (

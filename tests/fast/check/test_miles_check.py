@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from miles.utils.arguments import ASYNC_PPO_CORRECTION_MESSAGE
-from miles.utils.check import (
+from miles.check import (
     CONTRACT_FIX,
     Expansion,
     Unresolved,
@@ -22,6 +21,7 @@ from miles.utils.check import (
     resolve_words,
     scan_script,
 )
+from miles.utils.arguments import ASYNC_PPO_CORRECTION_MESSAGE
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "miles_check"
@@ -664,7 +664,7 @@ def test_examples_pass_miles_check_as_a_subprocess():
         "async_ppo_tis.sh", "sync_ppo.sh",
     ]
     result = subprocess.run(
-        [sys.executable, "-m", "miles.utils.check", *map(str, EXAMPLES)],
+        [sys.executable, "-m", "miles.check", *map(str, EXAMPLES)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -673,7 +673,7 @@ def test_examples_pass_miles_check_as_a_subprocess():
 
 
 def test_checking_imports_no_heavy_library():
-    code = ("import sys, miles.utils.check as c; c.main(['--', '--advantage-estimator', 'ppo']); "
+    code = ("import sys, miles.check as c; c.main(['--', '--advantage-estimator', 'ppo']); "
             "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.splitlines()[-1] == "[]", result.stdout + result.stderr

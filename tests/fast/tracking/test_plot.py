@@ -1,4 +1,4 @@
-"""miles.utils.plot: series and groups from metrics.jsonl, PNG files per group, and the CLI's errors."""
+"""miles.tracking.plot: series and groups from metrics.jsonl, PNG files per group, and the CLI's errors."""
 
 import math
 import subprocess
@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+from miles.tracking.metrics import MetricsTracker
+from miles.tracking.plot import grouped_metrics, main, metric_series, plot_bands, plot_run
 from miles.utils.errors import MilesConfigError
-from miles.utils.plot import grouped_metrics, main, metric_series, plot_bands, plot_run
-from miles.utils.tracking import MetricsTracker
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,7 +114,7 @@ class TestCli:
         assert err.startswith("error: ") and message in err and "Traceback" not in err
 
     def test_module_entry_point_exits_2_on_a_missing_run(self, tmp_path):
-        result = subprocess.run([sys.executable, "-m", "miles.utils.plot", str(tmp_path / "nope")],
+        result = subprocess.run([sys.executable, "-m", "miles.tracking.plot", str(tmp_path / "nope")],
                                 capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
         assert result.returncode == 2
         assert result.stderr.startswith("error: no metrics.jsonl in") and result.stdout == ""

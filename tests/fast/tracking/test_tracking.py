@@ -13,8 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from miles.utils.errors import MilesConfigError
-from miles.utils.tracking import (
+from miles.tracking.metrics import (
     MetricsTracker,
     default_log_dir,
     format_summary,
@@ -22,6 +21,7 @@ from miles.utils.tracking import (
     read_metrics,
     to_json_safe,
 )
+from miles.utils.errors import MilesConfigError
 
 
 class FakeClock:
@@ -211,7 +211,7 @@ class TestSummary:
         # tis_raw_std is in summary.json but not among the printed off-policy numbers
         value_columns = {len(line) - len(line.split("  ")[-1].lstrip()) for line in lines[1:-1]}
         assert len(value_columns) == 1
-        assert lines[-1] == "  curves: python -m miles.utils.plot runs/x"
+        assert lines[-1] == "  curves: python -m miles.tracking.plot runs/x"
 
 
 class TestProgressBar:

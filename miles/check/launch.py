@@ -14,6 +14,7 @@ import re
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 
+from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER, Unresolved
 from miles.utils.arguments import (
     build_parser,
     check_async_colocation,
@@ -21,7 +22,6 @@ from miles.utils.arguments import (
     miles_validate_args,
     validate_async_off_policy_correction,
 )
-from miles.utils.check.shell import ASYNC_DRIVER, SYNC_DRIVER, Unresolved
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 OK, REJECTED, DEPENDS = "OK", "REJECTED", "DEPENDS"

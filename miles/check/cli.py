@@ -5,9 +5,9 @@ import json
 import os
 import sys
 
-from miles.utils.check.launch import DEPENDS, OK, REJECTED, Verdict, check_launch
-from miles.utils.check.script import ScriptScan, scan_script
-from miles.utils.check.shell import ASYNC_DRIVER, SYNC_DRIVER
+from miles.check.launch import DEPENDS, OK, REJECTED, Verdict, check_launch
+from miles.check.script import ScriptScan, scan_script
+from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER
 
 # The exit status answers "would the driver refuse one of these launches?" (2 stays argparse's usage error).
 EXIT_STATUS = {OK: 0, REJECTED: 1, DEPENDS: 3}
@@ -104,7 +104,7 @@ def _build_cli() -> argparse.ArgumentParser:
         description="Check train_async.py / train.py launches against miles' parser, its rules and the async "
         "off-policy contract, without starting anything. What the script reader resolves (variables, arrays, "
         "read -a / mapfile / eval assignments, the SCRIPT_DIR idiom, source) and what it never guesses: the "
-        "docstring of miles/utils/check/__init__.py and docs/async_off_policy_contract.md.",
+        "docstring of miles/check/__init__.py and docs/async_off_policy_contract.md.",
         epilog=EXIT_EPILOG,
     )
     parser.add_argument("scripts", nargs="*", metavar="SCRIPT.sh", help="Shell scripts to scan for launches.")

@@ -8,7 +8,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from miles.utils.check.shell import (
+from miles.check.shell import (
     _MARKER,
     _SCRIPT_ARGUMENTS,
     Unresolved,

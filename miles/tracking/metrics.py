@@ -302,7 +302,7 @@ def format_summary(summary: dict) -> str:
     lines = [f"run summary ({summary.get('log_dir', '?')})"]
     lines += [f"  {label.ljust(width)}  {_format_value(value)}" for label, value in rows]
     if summary.get("log_dir"):
-        lines.append(f"  curves: python -m miles.utils.plot {summary['log_dir']}")
+        lines.append(f"  curves: python -m miles.tracking.plot {summary['log_dir']}")
     return "\n".join(lines)
 
 
