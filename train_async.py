@@ -28,8 +28,8 @@ async def train(args) -> None:
     if warning := async_staleness_warning(args):
         logging.getLogger("miles").warning(warning)
     # torch, ray and transformers are imported only once the launch is known to be valid.
+    from miles.guard.off_policy import expected_staleness
     from miles.ray.run import training_run
-    from miles.utils.off_policy import expected_staleness
 
     with training_run(args, driver="train_async") as run:
         next_rollout, push = run.generate(run.start_rollout_id), None

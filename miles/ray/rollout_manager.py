@@ -14,10 +14,10 @@ import zlib
 
 import ray
 
+from miles.guard.divergence import check_finite_weights
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.rm import get_reward_fn
-from miles.utils.divergence import check_finite_weights
 from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
 

@@ -19,6 +19,7 @@ import ray
 
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
+from miles.guard import off_policy
 from miles.ranks.layout import train_layouts
 from miles.ranks.role import TrainRole, dead_rank_names
 from miles.ray.cluster import count_bundles, create_placement, ray_session
@@ -26,7 +27,6 @@ from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
 from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summary
 from miles.tracking.plot import plot_run
-from miles.utils import off_policy
 from miles.utils.errors import MilesRunError, ProcessDiedError, RunInterrupted
 from miles.utils.preflight import check_rollouts_left, preflight
 from miles.utils.stop_signals import StopRequest

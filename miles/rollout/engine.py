@@ -17,11 +17,11 @@ import math
 
 import torch
 
+from miles.guard.divergence import check_finite_sampling
+from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_causal_lm, load_tokenizer
 from miles.rollout.prompt_tokens import encode_prompts
-from miles.utils.divergence import check_finite_sampling
 from miles.utils.errors import MilesConfigError
-from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import Sample, SampleStatus
 
 

@@ -12,9 +12,9 @@ import train
 import train_async
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.guard.off_policy import BehaviorDriftError
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import OffPolicyGuardError
-from miles.utils.off_policy import BehaviorDriftError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -68,7 +68,7 @@ def test_corrupted_snapshot_is_caught_by_its_fingerprint_and_the_last_good_check
 
 @pytest.mark.parametrize("interval", [1, 2, 3])
 def test_keep_old_actor_is_exact_for_every_interval(make_args, interval):
-    from miles.utils.off_policy import expected_staleness
+    from miles.guard.off_policy import expected_staleness
 
     records = run_async(make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--num-rollout", "7",
                                   "--update-weights-interval", str(interval)))

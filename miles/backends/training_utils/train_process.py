@@ -31,11 +31,11 @@ from miles.backends.training_utils.loss import (
 )
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
+from miles.guard import off_policy
+from miles.guard.divergence import check_finite_step, check_finite_weights
+from miles.guard.fingerprint import weights_fingerprint
 from miles.ranks.data_parallel import SingleRank, data_parallel_rank
-from miles.utils import off_policy
-from miles.utils.divergence import check_finite_step, check_finite_weights
 from miles.utils.errors import DivergenceError
-from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import RolloutBatch, Sample
 
 Tensors = list[torch.Tensor]

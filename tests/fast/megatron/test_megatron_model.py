@@ -15,8 +15,8 @@ pytest.importorskip("megatron.core")
 from miles.backends import load_train_model  # noqa: E402
 from miles.backends.megatron_backend.qwen2 import megatron_to_hf  # noqa: E402
 from miles.backends.training_utils.train_process import ValueTrainer  # noqa: E402
+from miles.guard.fingerprint import weights_fingerprint  # noqa: E402
 from miles.utils.errors import OffPolicyGuardError  # noqa: E402
-from miles.utils.fingerprint import weights_fingerprint  # noqa: E402
 from miles.utils.types import Sample  # noqa: E402
 from tests.fast.trainers import (  # noqa: E402
     engine_with,

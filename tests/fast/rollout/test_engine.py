@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from safetensors.torch import save_file
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from miles.guard.fingerprint import weights_fingerprint
 from miles.rollout.engine import TorchRolloutEngine, left_pad
 from miles.utils.errors import DivergenceError, MilesConfigError
-from miles.utils.fingerprint import weights_fingerprint
 from miles.utils.types import SampleStatus
 
 EOS = 2

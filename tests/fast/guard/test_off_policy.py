@@ -1,4 +1,4 @@
-"""The runtime guard's pure functions (miles/utils/off_policy.py) against simulations and hand-computed values.
+"""The runtime guard's pure functions (miles/guard/off_policy.py) against simulations and hand-computed values.
 
 The async loop is simulated here from its order alone (DESIGN.md §3, train_async.py), never from the formula:
 push the weights after ``start`` rollouts as version 1; start generating rollout ``start``; then for each k, start
@@ -16,9 +16,7 @@ import torch
 
 from miles.backends.training_utils.ppo_utils import compute_ess_ratio
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
-from miles.utils.arguments import parse_args
-from miles.utils.errors import DivergenceError, MilesConfigError, OffPolicyGuardError
-from miles.utils.off_policy import (
+from miles.guard.off_policy import (
     BehaviorDriftError,
     check_behavior_kl,
     check_denominator_tolerance,
@@ -34,6 +32,8 @@ from miles.utils.off_policy import (
     policy_vs_behavior,
     sample_staleness,
 )
+from miles.utils.arguments import parse_args
+from miles.utils.errors import DivergenceError, MilesConfigError, OffPolicyGuardError
 
 NAN, INF = float("nan"), float("inf")
 BUG_NOTICE = "This is a bug in miles"
