@@ -209,6 +209,7 @@ class PolicyTrainer(_TrainProcess):
         self.correction = off_policy.correction_in_effect(args.use_rollout_logprobs, args.use_tis, args.keep_old_actor)
         self._prepared: _PreparedRollout | None = None
         self._guard_s = 0.0
+        self._push_guard_s = 0.0  # the last export's finiteness check and fingerprint, reported with the next rollout
 
     @staticmethod
     def _load_ref_model(args):
@@ -244,12 +245,14 @@ class PolicyTrainer(_TrainProcess):
                                f"training of rollout {rollouts_trained - 1}, which failed (that error is the cause)")
         self.weight_version += 1
         state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
+        start = time.perf_counter()
         finite = weights_are_finite(state_dict)
         if not finite:
             self.trained_rollout = None  # non-finite weights are no rollout's to save
         check_finite_weights(f"weight version {self.weight_version} (after {rollouts_trained} rollouts)", finite)
         digests = digest_table(state_dict)
         fingerprint = combine_digests(digests)
+        self._push_guard_s = time.perf_counter() - start
         self.version_to_rollouts_trained[self.weight_version] = rollouts_trained
         self.pushed_fingerprints[self.weight_version] = fingerprint
         if self.snapshots is not None:
@@ -341,8 +344,9 @@ class PolicyTrainer(_TrainProcess):
         report = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": float(max(staleness)),
                   "behavior_version": float(samples[0].weight_versions[0]), "correction": self.correction}
         if old_log_probs is not None:
-            report.update(off_policy.denominator_vs_behavior(
-                old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
+            with self._guard_time():  # the comparison check_denominator_tolerance reads, and the mismatch report
+                report.update(off_policy.denominator_vs_behavior(
+                    old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
         if self.snapshots is not None:
             with self._guard_time():
                 off_policy.check_denominator_tolerance(
@@ -354,7 +358,8 @@ class PolicyTrainer(_TrainProcess):
                  "advantages": self._advantages(samples, loss_masks, values, old_log_probs, rollout_log_probs,
                                                 ref_log_probs)}
         metrics = {f"off_policy/{name}": value for name, value in report.items()}
-        metrics["perf/guard_s"] = self._guard_s
+        metrics["perf/guard_s"] = self._guard_s + self._push_guard_s  # the checks of this rollout and of its push
+        self._push_guard_s = 0.0
         metrics["perf/prepare_s"] = time.perf_counter() - start
         self._prepared = _PreparedRollout(rollout_id, samples, batch)
         if rollout_id < self.args.num_critic_only_steps:

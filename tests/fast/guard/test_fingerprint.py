@@ -117,3 +117,6 @@ def test_non_finite_weights_are_found_though_they_hash_like_any_others():
         broken = {"w": torch.tensor([1.0, bad, 3.0]), "steps": torch.tensor([3])}
         assert not weights_are_finite(broken)
         assert weights_fingerprint(broken) == weights_fingerprint(_copy(broken))  # NaN bytes hash equal
+    # Finite weights whose float32 sum overflows are finite all the same.
+    assert weights_are_finite({"w": torch.full((4,), 3e38)})
+    assert not weights_are_finite({"w": torch.tensor([3e38, 3e38, float("nan")])})
