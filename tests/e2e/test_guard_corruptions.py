@@ -122,3 +122,13 @@ def test_a_corrupted_megatron_snapshot_stops_the_run(make_args, monkeypatch):
         run_async(args)
     assert "model.layers.0.self_attn.q_proj.weight (changed)" in str(caught.value)
     assert [record["rollout_id"] for record in read_metrics(args.log_dir)] == [0, 1]
+
+
+def test_uncorrected_ppo_past_the_startup_check_stops_at_its_first_stale_rollout(make_args, monkeypatch):
+    """The startup contract bypassed in-process (as a custom driver could): the per-batch check still refuses."""
+    monkeypatch.setattr(train_async, "validate_async_off_policy_correction", lambda args: None)
+    args = make_args(*TINY, "--advantage-estimator", "ppo")
+    with pytest.raises(OffPolicyGuardError, match=r"rollout 1 is 1 rollout\(s\) stale") as caught:
+        run_async(args)
+    assert "use_rollout_logprobs=False, use_tis=False, keep_old_actor=False" in str(caught.value)
+    assert [record["rollout_id"] for record in read_metrics(args.log_dir)] == [0]
