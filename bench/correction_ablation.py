@@ -12,8 +12,9 @@ all with ``--num-steps-per-rollout 4``, so that the ratio and its clipping act a
 
 The uncorrected async PPO arm is exactly what ``train_async.py`` refuses. This script switches the contract off
 for that arm only, inside its own process (``contract_switched_off``: it replaces
-``train_async.validate_async_off_policy_correction`` for the duration of that one call and restores it), and says
-so in its output. No flag or environment variable does this: a user cannot start uncorrected async PPO.
+``train_async.validate_async_off_policy_correction`` and the actor's per-batch check for the duration of that one
+call and restores them), and says so in its output. No flag or environment variable does this: a user cannot
+start uncorrected async PPO.
 
 For each arm it reports, as mean ± sample standard deviation over the seeds: the final eval accuracy (the
 held-out sampled accuracy, mean of the last three evaluations, the last at the last rollout) and its ratio to
@@ -101,20 +102,27 @@ def contract_switched_off():
     """Within this block, ``train_async.train`` skips the async off-policy contract: for the uncorrected PPO arm.
 
     It replaces the name ``validate_async_off_policy_correction`` in ``train_async``'s namespace (where ``train``
-    looks it up) with a no-op and restores it on every exit path. It exists only in this benchmark's process:
-    no flag or environment variable reaches it.
+    looks it up) with a no-op, and the actor class ``miles.ray.run`` places with a subclass whose
+    ``allows_uncorrected_stale_ppo`` is true (the per-batch contract in ``PolicyTrainer.prepare``), and restores
+    both on every exit path. It exists only in this benchmark's process: no flag or environment variable reaches it.
     """
+    import miles.ray.run
     import train_async
+    from miles.backends.training_utils.train_process import PolicyTrainer
 
-    original = train_async.validate_async_off_policy_correction
+    class UncorrectedAblationTrainer(PolicyTrainer):  # a local class: Ray ships it to the actor by value
+        allows_uncorrected_stale_ppo = True
+
+    original = train_async.validate_async_off_policy_correction, miles.ray.run.PolicyTrainer
     train_async.validate_async_off_policy_correction = lambda args: None
+    miles.ray.run.PolicyTrainer = UncorrectedAblationTrainer
     print("[bench] the async off-policy contract is SWITCHED OFF for this run only, inside this benchmark's process "
-          "(train_async.validate_async_off_policy_correction replaced); no flag or environment variable can do this",
-          flush=True)
+          "(train_async.validate_async_off_policy_correction replaced, and the actor's per-batch check); no flag or "
+          "environment variable can do this", flush=True)
     try:
         yield
     finally:
-        train_async.validate_async_off_policy_correction = original
+        train_async.validate_async_off_policy_correction, miles.ray.run.PolicyTrainer = original
 
 
 def run_arm(arm: str, interval: int | None, seed: int, settings: dict, log_dir: Path) -> list[dict]:

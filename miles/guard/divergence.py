@@ -3,7 +3,8 @@
 Checked, each for free (a value already computed):
 - in a train process's optimizer step, the step's loss and gradient norm, *before* ``optimizer.step()`` applies
   them, so no non-finite gradient ever reaches the weights;
-- at each weight push, the actor's fingerprint (a float64 sum of every weight: finite iff every weight is);
+- at each weight push, every weight of the actor (``torch.isfinite`` per tensor, one pass beside the fingerprint's
+  hash, which cannot tell: NaN weights hash like any others);
 - in a rollout engine, each sampling step's log-probabilities (weights that are huge but finite can still give
   non-finite logits), before ``torch.multinomial`` would fail on them.
 
@@ -32,11 +33,12 @@ def check_finite_step(where: str, step: int, loss: float, grad_norm: float) -> N
             )
 
 
-def check_finite_weights(where: str, fingerprint: float) -> None:
-    """The pushed weights are finite (their fingerprint is a sum of all of them)."""
-    if not math.isfinite(fingerprint):
+def check_finite_weights(where: str, all_finite: bool) -> None:
+    """The pushed weights are finite (``miles.guard.fingerprint.weights_are_finite``)."""
+    if not all_finite:
         raise DivergenceError(
-            f"{where}: the actor's weights are no longer finite (fingerprint {fingerprint}); {LIKELY_FIXES}.",
+            f"{where}: the actor's weights are no longer finite (NaN or infinity in at least one tensor); "
+            f"{LIKELY_FIXES}.",
             weights_changed=True,
         )
 

@@ -14,7 +14,7 @@ import zlib
 
 import ray
 
-from miles.guard.divergence import check_finite_weights
+from miles.guard.fingerprint import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.rm import get_reward_fn
@@ -66,13 +66,13 @@ class RolloutManager:
         ray.wait([payload_ref], fetch_local=False)
         start = time.perf_counter()
         loaded = ray.get(loads)
-        version, fingerprint, _ = loaded[0]  # every engine read the same push
-        check_finite_weights(f"weight version {version}", fingerprint)  # diverged weights; NaN != NaN below
+        version, fingerprint, _ = loaded[0]  # every engine read the same push (the trainer pushes only finite weights)
         wrong = [index for index, (_, _, engine_fingerprint) in enumerate(loaded) if engine_fingerprint != fingerprint]
         if wrong:
             raise OffPolicyGuardError(
                 f"weight version {version}: rollout engine(s) {wrong} loaded weights with fingerprint(s) "
-                f"{[loaded[i][2] for i in wrong]}, but the trainer pushed fingerprint {fingerprint!r}. {REPORT_BUG}"
+                f"{[short(loaded[i][2]) for i in wrong]}, but the trainer pushed fingerprint {short(fingerprint)}. "
+                f"{REPORT_BUG}"
             )
         self.weight_version = version
         self.last_push_s = time.perf_counter() - start

@@ -64,6 +64,10 @@ class TrainingRun:
     last_saved_rollout: int | None = None
     stop_after_rollout: int | None = None  # decided once per rollout, so its save and the driver's break agree
     last_log_s: float | None = None  # the latest tracker.log's duration, reported with the next rollout
+    # Every reference a verb returned that the driver has not yet seen succeed, by rollout (generate, train) or by
+    # push. A step's failure makes the steps submitted after it fail too; each such reference must be awaited, or
+    # Ray prints an "Unhandled error" dump when it is dropped (``release_unsettled``).
+    unsettled: dict[tuple[str, int], list] = field(default_factory=dict)
 
     def stopped(self, error: MilesRunError) -> MilesRunError:
         """A guard, divergence or drift stop: save the last rollout that finished (with --save) if every train
@@ -93,25 +97,48 @@ class TrainingRun:
         roles = [self.actor] + ([self.critic] if self.critic is not None else [])
         return all(held == rollout_id for held in ray.get([role.trained_rollout_id.remote() for role in roles]))
 
-    @staticmethod
-    def wait(refs):
+    def wait(self, refs):
         """Block until the referenced results are ready and return them (the sync driver's ``await``). A list is
         awaited in order, so a failure is reported as the earliest step's: the guard's, not the ``train`` that
         failed after it (``ray.get`` of a list would raise whichever failure arrived first)."""
-        return [ray.get(ref) for ref in refs] if isinstance(refs, list) else ray.get(refs)
+        results = get_in_order(refs) if isinstance(refs, list) else ray.get(refs)
+        self._settle(refs if isinstance(refs, list) else [refs])
+        return results
 
-    @staticmethod
-    async def settled(ref) -> None:
-        """Await an earlier call that nothing else waits for (a push), so its failure surfaces here."""
-        if ref is not None:
-            await ref
+    async def settled(self, push) -> None:
+        """Await an earlier push that nothing else waits for, in order, so its failure surfaces here."""
+        if push is not None:
+            for ref in push:
+                await ref
+            self._settle(push)
+
+    def _track(self, key: tuple[str, int], refs: list) -> list:
+        self.unsettled.setdefault(key, []).extend(refs)
+        return refs
+
+    def _settle(self, refs: list) -> None:
+        settled = {id(ref) for ref in refs}
+        for key in list(self.unsettled):
+            self.unsettled[key] = [ref for ref in self.unsettled[key] if id(ref) not in settled]
+            if not self.unsettled[key]:
+                del self.unsettled[key]
+
+    def release_unsettled(self, timeout_s: float = 60.0) -> None:
+        """After a stop: await every step still unsettled, ignoring their errors (each one only follows the stop's
+        cause, which the run reports), so that dropping them prints nothing. Steps still running after
+        ``timeout_s`` (a hung process) are dropped as they are."""
+        refs = [ref for refs in self.unsettled.values() for ref in refs]
+        self.unsettled.clear()
+        settle_quietly(refs, timeout_s)
 
     def rollout_ids(self) -> range:
         return range(self.start_rollout_id, self.args.num_rollout)
 
     def generate(self, rollout_id: int):
         """(rollout data ref, rollout metrics ref)."""
-        return self.rollout_manager.generate.options(num_returns=2).remote(rollout_id)
+        refs = self.rollout_manager.generate.options(num_returns=2).remote(rollout_id)
+        self._track(("rollout", rollout_id), list(refs))
+        return refs
 
     def train(self, rollout_id: int, rollout_ref, expected_staleness: int) -> list:
         """Refs of the rollout's metrics, the guard's first. The actor first guards the rollout and computes its
@@ -129,13 +156,15 @@ class TrainingRun:
         critic_only = self.critic is not None and rollout_id < self.args.num_critic_only_steps
         if not critic_only:
             refs.append(self.actor.train.remote(rollout_id))
+        self._track(("rollout", rollout_id), refs + ([values_ref] if values_ref is not None else []))
         return refs
 
     def update_weights(self, rollouts_trained: int):
         """Push the actor's weights, trained on ``rollouts_trained`` rollouts, to the engines as the next version,
         through the object store. Submitted with the training, not after it: the actor exports once its
         ``train`` ran (Ray's order), and refuses to if that training failed (``PolicyTrainer.export_weights``)."""
-        return push_weights(self.rollout_manager, self.actor, rollouts_trained, after_training=True)
+        return self._track(("push", rollouts_trained),
+                           push_weights(self.rollout_manager, self.actor, rollouts_trained, after_training=True))
 
     def finish_rollout(self, rollout_id: int, metrics: list[dict]) -> None:
         """Save and evaluate when due, log the rollout's metrics, and stop if the policy drifted past --max-behavior-kl.
@@ -159,6 +188,8 @@ class TrainingRun:
         self.tracker.log(rollout_id, merged)
         self.last_log_s = time.perf_counter() - start
         self.last_finished_rollout = rollout_id
+        for key in [key for key in self.unsettled if key[0] == "rollout" and key[1] <= rollout_id]:
+            del self.unsettled[key]  # its metrics were awaited: every step of the rollout succeeded
         if "off_policy/policy_behavior_kl" in merged:
             off_policy.check_behavior_kl(rollout_id, merged["off_policy/policy_behavior_kl"],
                                          self.args.max_behavior_kl, merged.get("off_policy/correction", "none"))
@@ -191,6 +222,27 @@ class TrainingRun:
         return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
 
 
+def settle_quietly(refs: list, timeout_s: float = 60.0) -> None:
+    """Await ``refs`` (at most ``timeout_s`` in all), ignoring their errors: steps that only follow a failure."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False) if refs else ([], [])
+    for ref in ready:
+        with contextlib.suppress(Exception):
+            ray.get(ref)
+
+
+def get_in_order(refs: list) -> list:
+    """The results of ``refs`` awaited in order; on the first failure the later ones are settled quietly (they
+    follow it) and that failure is raised."""
+    results = []
+    for index, ref in enumerate(refs):
+        try:
+            results.append(ray.get(ref))
+        except Exception:
+            settle_quietly(refs[index + 1:])
+            raise
+    return results
+
+
 _ROLE_OF_CLASS = {"TorchRolloutEngine": "a rollout engine", "RolloutManager": "the rollout manager"}
 
 
@@ -218,12 +270,14 @@ def _process_died(error: Exception, args, last_finished_rollout: int | None, rol
     return ProcessDiedError(f"{' and '.join(dead)} process died {when}; the run stopped. {checkpoint_note(args)}")
 
 
-def push_weights(rollout_manager, actor, rollouts_trained: int, after_training: bool):
-    """The actor exports its weights as the next version and the engines load them. ``after_training``: the
-    export follows the training of rollout ``rollouts_trained - 1`` (the start-up push follows none). The export's
-    reference goes to the RolloutManager inside a list, so Ray passes it on to the engines instead of fetching the
-    weights into the manager (``RolloutManager.load_weights``)."""
-    return rollout_manager.load_weights.remote([actor.export_weights.remote(rollouts_trained, after_training)])
+def push_weights(rollout_manager, actor, rollouts_trained: int, after_training: bool) -> list:
+    """The actor exports its weights as the next version and the engines load them: [export ref, load ref], to be
+    awaited in that order. ``after_training``: the export follows the training of rollout ``rollouts_trained - 1``
+    (the start-up push follows none). The export's reference goes to the RolloutManager inside a list, so Ray
+    passes it on to the engines instead of fetching the weights into the manager (``RolloutManager.load_weights``);
+    the driver owns it and awaits it too, so a refused export is never an unawaited error."""
+    export = actor.export_weights.remote(rollouts_trained, after_training)
+    return [export, rollout_manager.load_weights.remote([export])]
 
 
 def _create_train_roles(args, roles: list) -> tuple[TrainRole, TrainRole | None]:
@@ -263,13 +317,14 @@ def training_run(args, driver: str):
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
-            ray.get(push_weights(rollout_manager, actor, start_rollout_id, after_training=False))
+            get_in_order(push_weights(rollout_manager, actor, start_rollout_id, after_training=False))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
                                 vars(args), driver) as tracker:
                 run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id, stop_request)
                 try:
                     yield run
                 except MilesRunError as error:
+                    run.release_unsettled()
                     raise run.stopped(error) from None
             print(format_summary(tracker.close()))
             for path in plot_run(args.log_dir):
@@ -281,6 +336,8 @@ def training_run(args, driver: str):
                 raise
             raise died from None
         finally:
+            if run is not None:
+                run.release_unsettled()  # before the actors go: a step they would leave unfinished fails as it dies
             if placement is not None:
                 placement.release()
             for role in roles:

@@ -43,7 +43,7 @@ class TorchRolloutEngine:
         self.weight_version = 0
         self.weight_fingerprint = weights_fingerprint(self.model)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> str:
         """Load a full state dict (as from the trainer's ``model.state_dict()``), record ``version`` and return
         the fingerprint of the weights now in the model (not of the dict that was sent)."""
         try:
@@ -57,7 +57,7 @@ class TorchRolloutEngine:
         self.weight_fingerprint = weights_fingerprint(self.model)
         return self.weight_fingerprint
 
-    def load_pushed(self, payload: dict) -> tuple[int, float, float]:
+    def load_pushed(self, payload: dict) -> tuple[int, str, str]:
         """Load a trainer's push ``{"version", "fingerprint", "state_dict"}`` (``PolicyTrainer.export_weights``);
         return its version, the fingerprint the trainer sent, and that of the weights now loaded, for the
         RolloutManager to compare."""

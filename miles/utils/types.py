@@ -32,7 +32,7 @@ class Sample:
     loss_mask: list[int] = field(default_factory=list)
     rollout_log_probs: list[float] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)  # engine weight version(s) that sampled it
-    weight_fingerprint: float | None = None  # checksum of the weights the engine actually loaded
+    weight_fingerprint: str | None = None  # hash of the weights the engine actually loaded (miles.guard.fingerprint)
     status: SampleStatus = SampleStatus.COMPLETED
 
     @property

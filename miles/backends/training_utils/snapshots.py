@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from miles.backends.training_utils.train_model import clone_state
+from miles.guard.fingerprint import DigestTable
 from miles.utils.errors import OffPolicyGuardError
 
 
 @dataclass(frozen=True)
 class WeightSnapshot:
     version: int
-    fingerprint: float
+    digests: DigestTable  # per HF tensor, its digest at the push (miles.guard.fingerprint)
     state_dict: dict[str, torch.Tensor]  # the trainer's native layout (megatron: fused, sharded)
 
 
@@ -37,12 +38,12 @@ class WeightSnapshotStore:
     def versions(self) -> list[int]:
         return sorted(self._snapshots)
 
-    def add_pushed(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: float) -> None:
+    def add_pushed(self, version: int, state_dict: dict[str, torch.Tensor], digests: DigestTable) -> None:
         """Record the weights pushed as ``version``; drop versions no unconsumed rollout can still reference."""
         if self._snapshots and version <= max(self._snapshots):
             raise ValueError(f"weight version {version} is not newer than {max(self._snapshots)}")
         previous = max(self._snapshots, default=None)
-        self._snapshots[version] = WeightSnapshot(version, fingerprint, clone_state(state_dict))
+        self._snapshots[version] = WeightSnapshot(version, digests, clone_state(state_dict))
         if previous is not None:
             self._release_older_than(previous)
 

@@ -11,7 +11,6 @@ are already scaled by the whole step's divisor, so the gradient does not depend 
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import resource
 import time
@@ -33,7 +32,7 @@ from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
 from miles.guard import off_policy
 from miles.guard.divergence import check_finite_step, check_finite_weights
-from miles.guard.fingerprint import weights_fingerprint
+from miles.guard.fingerprint import combine_digests, differing_tensors, digest_table, weights_are_finite
 from miles.ranks.data_parallel import SingleRank, data_parallel_rank
 from miles.utils.errors import DivergenceError
 from miles.utils.types import RolloutBatch, Sample
@@ -193,6 +192,10 @@ class _PreparedRollout:
 
 class PolicyTrainer(_TrainProcess):
     role = "actor"
+    # The per-batch contract (``off_policy.check_correction_per_batch``) is skipped only for a subclass that sets
+    # this: bench/correction_ablation.py's uncorrected arm, in its own process. No flag and no environment variable
+    # reaches it (a class attribute, never read from ``args`` or ``os.environ``).
+    allows_uncorrected_stale_ppo = False
 
     def __init__(self, args, num_threads: int = 1) -> None:
         folder = _load_dir(args.load, "actor", args.hf_checkpoint)
@@ -202,10 +205,11 @@ class PolicyTrainer(_TrainProcess):
         self.snapshots = WeightSnapshotStore() if args.keep_old_actor else None
         self.weight_version = 0  # pushes so far; version v is the v-th push (DESIGN.md §4)
         self.version_to_rollouts_trained: dict[int, int] = {}
-        self.pushed_fingerprints: dict[int, float] = {}
+        self.pushed_fingerprints: dict[int, str] = {}
         self.correction = off_policy.correction_in_effect(args.use_rollout_logprobs, args.use_tis, args.keep_old_actor)
         self._prepared: _PreparedRollout | None = None
         self._guard_s = 0.0
+        self._push_guard_s = 0.0  # the last export's finiteness check and fingerprint, reported with the next rollout
 
     @staticmethod
     def _load_ref_model(args):
@@ -241,14 +245,18 @@ class PolicyTrainer(_TrainProcess):
                                f"training of rollout {rollouts_trained - 1}, which failed (that error is the cause)")
         self.weight_version += 1
         state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
-        fingerprint = weights_fingerprint(state_dict)
-        if not math.isfinite(fingerprint):
+        start = time.perf_counter()
+        finite = weights_are_finite(state_dict)
+        if not finite:
             self.trained_rollout = None  # non-finite weights are no rollout's to save
-        check_finite_weights(f"weight version {self.weight_version} (after {rollouts_trained} rollouts)", fingerprint)
+        check_finite_weights(f"weight version {self.weight_version} (after {rollouts_trained} rollouts)", finite)
+        digests = digest_table(state_dict)
+        fingerprint = combine_digests(digests)
+        self._push_guard_s = time.perf_counter() - start
         self.version_to_rollouts_trained[self.weight_version] = rollouts_trained
         self.pushed_fingerprints[self.weight_version] = fingerprint
         if self.snapshots is not None:
-            self.snapshots.add_pushed(self.weight_version, self.model.module.state_dict(), fingerprint)
+            self.snapshots.add_pushed(self.weight_version, self.model.module.state_dict(), digests)
         return {"version": self.weight_version, "fingerprint": fingerprint, "state_dict": state_dict}
 
     @contextlib.contextmanager
@@ -283,11 +291,13 @@ class PolicyTrainer(_TrainProcess):
         with self._guard_time():
             snapshot = self.snapshots.take_for_training(version, rollout_id)
             # The fingerprint is recomputed from the snapshot's weights (in the layout the engines received), so a
-            # wrong tensor under the right label fails.
-            snapshot_fingerprint = weights_fingerprint(self.model.hf_state_dict(snapshot.state_dict))
+            # wrong tensor under the right label fails, and the error names it (against the push's digests).
+            digests = digest_table(self.model.hf_state_dict(snapshot.state_dict))
+            snapshot_fingerprint = combine_digests(digests)
             for sample_version, sample_fingerprint in {(s.weight_versions[0], s.weight_fingerprint) for s in samples}:
                 off_policy.check_snapshot_provenance(
-                    rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint
+                    rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint,
+                    differing_tensors(snapshot.digests, digests) if snapshot_fingerprint != sample_fingerprint else (),
                 )
             referenced = [version] + [v for v in self.pushed_fingerprints if v > version]
             off_policy.check_snapshot_count(rollout_id, self.snapshots.versions(), referenced, limit=2)
@@ -324,14 +334,19 @@ class PolicyTrainer(_TrainProcess):
         samples = rollout.samples
         with self._guard_time():
             staleness = self._check_provenance(rollout_id, samples, expected_staleness)
+            if not self.allows_uncorrected_stale_ppo:
+                off_policy.check_correction_per_batch(
+                    rollout_id, max(staleness), self.args.use_critic, self.args.use_rollout_logprobs,
+                    self.args.use_tis, self.args.keep_old_actor)
         loss_masks = _as_tensors(sample.loss_mask for sample in samples)
         rollout_log_probs = _as_tensors(sample.rollout_log_probs for sample in samples)
         old_log_probs = self._recomputed_old_log_probs(rollout_id, samples)
         report = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": float(max(staleness)),
                   "behavior_version": float(samples[0].weight_versions[0]), "correction": self.correction}
         if old_log_probs is not None:
-            report.update(off_policy.denominator_vs_behavior(
-                old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
+            with self._guard_time():  # the comparison check_denominator_tolerance reads, and the mismatch report
+                report.update(off_policy.denominator_vs_behavior(
+                    old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
         if self.snapshots is not None:
             with self._guard_time():
                 off_policy.check_denominator_tolerance(
@@ -343,7 +358,8 @@ class PolicyTrainer(_TrainProcess):
                  "advantages": self._advantages(samples, loss_masks, values, old_log_probs, rollout_log_probs,
                                                 ref_log_probs)}
         metrics = {f"off_policy/{name}": value for name, value in report.items()}
-        metrics["perf/guard_s"] = self._guard_s
+        metrics["perf/guard_s"] = self._guard_s + self._push_guard_s  # the checks of this rollout and of its push
+        self._push_guard_s = 0.0
         metrics["perf/prepare_s"] = time.perf_counter() - start
         self._prepared = _PreparedRollout(rollout_id, samples, batch)
         if rollout_id < self.args.num_critic_only_steps:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
+from miles.guard.fingerprint import digest_table
 from miles.utils.errors import OffPolicyGuardError
 
 
@@ -30,7 +31,7 @@ def _simulate_async_loop(interval: int, num_rollouts: int) -> list[dict]:
     store = WeightSnapshotStore()
     trainer_weights = _weights(0)
     version = 1
-    store.add_pushed(version, trainer_weights, fingerprint=0.0)
+    store.add_pushed(version, trainer_weights, digests={})
     engine = {"version": version, "weights": float(trainer_weights["w"])}
     in_flight = _Rollout(0, engine["version"], engine["weights"])
     trace = []
@@ -43,7 +44,7 @@ def _simulate_async_loop(interval: int, num_rollouts: int) -> list[dict]:
         if (k + 1) % interval == 0:
             # The in-flight rollout was stamped when it started (generation is drained before the push).
             version += 1
-            store.add_pushed(version, trainer_weights, fingerprint=float(k + 1))
+            store.add_pushed(version, trainer_weights, digests={})
             engine = {"version": version, "weights": float(trainer_weights["w"])}
         trace.append({
             "rollout": current, "in_flight": in_flight, "latest_at_training": latest_at_training, "snapshot": snapshot,
@@ -81,8 +82,8 @@ def test_store_holds_only_referenced_versions_and_never_more_than_two(interval):
 
 def test_missing_version_raises_and_does_not_fall_back():
     store = WeightSnapshotStore()
-    store.add_pushed(1, _weights(0), 0.0)
-    store.add_pushed(2, _weights(1), 1.0)
+    store.add_pushed(1, _weights(0), {})
+    store.add_pushed(2, _weights(1), {})
     with pytest.raises(OffPolicyGuardError, match=r"rollout 7 .*version 3.*\[1, 2\]"):
         store.take_for_training(3, rollout_id=7)
     assert store.versions() == [1, 2]  # a failed look-up releases nothing
@@ -94,7 +95,8 @@ def test_missing_version_raises_and_does_not_fall_back():
 def test_snapshots_are_copies_of_the_pushed_weights():
     source = {"w": torch.tensor([1.0, 2.0]), "b": torch.nn.Parameter(torch.tensor([3.0]))}
     store = WeightSnapshotStore()
-    store.add_pushed(1, source, fingerprint=6.0)
+    digests = digest_table(source)
+    store.add_pushed(1, source, digests)
     source["w"].add_(10.0)
     with torch.no_grad():
         source["b"].mul_(0.0)
@@ -103,14 +105,14 @@ def test_snapshots_are_copies_of_the_pushed_weights():
     assert snapshot.state_dict["w"].tolist() == [1.0, 2.0]
     assert snapshot.state_dict["b"].tolist() == [3.0]
     assert not snapshot.state_dict["b"].requires_grad
-    assert snapshot.fingerprint == 6.0
+    assert snapshot.digests == digests  # the push's, kept to name what differs
 
 
 @pytest.mark.parametrize("bad_version", [2, 1])
 def test_non_increasing_versions_are_rejected(bad_version):
     store = WeightSnapshotStore()
-    store.add_pushed(2, _weights(0), 0.0)
+    store.add_pushed(2, _weights(0), {})
     with pytest.raises(ValueError, match=f"weight version {bad_version} is not newer than 2"):
-        store.add_pushed(bad_version, _weights(5), 5.0)
+        store.add_pushed(bad_version, _weights(5), {})
     assert store.versions() == [2]
     assert float(store.take_for_training(2, rollout_id=0).state_dict["w"]) == 0.0

@@ -77,7 +77,7 @@ def test_the_pushed_weights_are_the_hf_weights_and_fingerprint_identically(check
     pushed, expected = megatron.hf_state_dict(), torch_model.hf_state_dict()
     assert set(pushed) == set(expected)  # incl. lm_head.weight of a tied model: the engine's state_dict lists it
     assert all(torch.equal(pushed[name], expected[name]) for name in expected)
-    assert weights_fingerprint(pushed) == weights_fingerprint(expected)  # the same tensors, summed the same way
+    assert weights_fingerprint(pushed) == weights_fingerprint(expected)  # the same tensors, hashed the same way
 
 
 def test_a_new_critic_starts_from_the_torch_backends_initialization_and_gives_its_values(embedded):
@@ -163,8 +163,10 @@ def test_keep_old_actor_snapshots_give_the_engines_log_probs_and_catch_a_corrupt
     third = make_rollout(embedded, engine_with(embedded, trainer.export_weights(rollouts_trained=2)), 2)
     snapshot = trainer.snapshots._snapshots[3]
     snapshot.state_dict["decoder.layers.1.self_attention.linear_qkv.weight"][0, 0] += 1e-3  # a fused Megatron shard
-    with pytest.raises(OffPolicyGuardError, match="whose weights now have fingerprint"):
+    with pytest.raises(OffPolicyGuardError, match="whose weights now have fingerprint") as caught:
         trainer.prepare(2, third, expected_staleness=0)
+    # The HF tensor the fused shard's first row belongs to (q of layer 1) is named.
+    assert "tensors that differ from the push: model.layers.1.self_attn.q_proj.weight (changed)" in str(caught.value)
 
 
 @pytest.mark.parametrize(("writer", "reader"), [("megatron", "torch"), ("torch", "megatron")])

@@ -160,12 +160,10 @@ def test_load_weights_returns_the_fingerprint_and_stamps_the_version(embedded):
     before = engine.generate(MIXED_PROMPTS, 2, 1.0, 3, seed=0)
     changed = state["model.layers.1.mlp.down_proj.weight"]
     old_value = float(changed[3, 7])
-    changed[3, 7] += 0.25  # rounds to float32: the weight moves by exactly new − old, not by 0.25
+    changed[3, 7] += 0.25
     fingerprint = engine.load_weights(state, version=4)
     assert fingerprint == weights_fingerprint(state) == weights_fingerprint(engine.model)
-    # The moved weight's new − old is exact in float64; both fingerprints carry the float64 rounding of their sums.
-    assert fingerprint - before[0].weight_fingerprint == pytest.approx(
-        float(changed[3, 7]) - old_value, abs=2 * _float64_sum_error_bound(state))
+    assert float(changed[3, 7]) != old_value and fingerprint != before[0].weight_fingerprint
     after = engine.generate(MIXED_PROMPTS, 2, 1.0, 3, seed=0)
     assert all(s.weight_versions == [4] and s.weight_fingerprint == fingerprint for s in after)
     assert [s.rollout_log_probs for s in after] != [s.rollout_log_probs for s in before]
@@ -188,7 +186,7 @@ def test_load_pushed_reports_the_sent_and_the_loaded_fingerprint(embedded):
     state["model.norm.weight"][0] += 0.5
     loaded = weights_fingerprint(state)
     assert engine.load_pushed({"version": 2, "fingerprint": loaded, "state_dict": state}) == (2, loaded, loaded)
-    assert engine.load_pushed({"version": 3, "fingerprint": -1.0, "state_dict": state}) == (3, -1.0, loaded)
+    assert engine.load_pushed({"version": 3, "fingerprint": "0" * 64, "state_dict": state}) == (3, "0" * 64, loaded)
     assert engine.weight_version == 3
 
 
@@ -268,41 +266,9 @@ def test_left_pad_builds_ids_and_mask():
     assert attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
-def _float64_sum_error_bound(tensors) -> float:
-    """The classic bound on a float64 sum of n terms, (n − 1)·2⁻⁵³·Σ|x|, for the fingerprint's rows of 4096
-    (their exactly rounded fsum adds at most one more rounding of the total). Derived, not measured: the weights
-    of the embedded model depend on the machine that trained it."""
-    abs_sum = math.fsum(float(tensor.double().abs().sum()) for tensor in tensors.values())
-    return (4096 * 2**-53) * abs_sum * 2
-
-
-def test_fingerprint_is_a_float64_sum_over_the_state_dict(embedded, engine):
+def test_the_engine_fingerprints_the_weights_it_holds(embedded, engine):
+    """The fingerprint's own tests are in tests/fast/guard/test_fingerprint.py; here: the engine's model is read
+    through ``state_dict()``, so a copy of that dict (as the trainer pushes it) gives the same value."""
     state = engine.model.state_dict()
-    exact = math.fsum(v for tensor in state.values() for v in tensor.double().flatten().tolist())
-    assert weights_fingerprint(engine.model) == weights_fingerprint(state)
-    assert weights_fingerprint(state) == pytest.approx(exact, abs=_float64_sum_error_bound(state))
-    reversed_copy = {name: state[name].clone() for name in reversed(list(state))}
-    assert weights_fingerprint(reversed_copy) == weights_fingerprint(state)
-
-
-def test_fingerprint_does_not_depend_on_thread_count():
-    tensors = {"big": torch.randn(3_000_001, generator=torch.Generator().manual_seed(0)), "small": torch.ones(3)}
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one_thread = weights_fingerprint(tensors)
-        torch.set_num_threads(2)
-        two_threads = weights_fingerprint(tensors)
-    finally:
-        torch.set_num_threads(threads)
-    assert one_thread == two_threads
-    assert one_thread == pytest.approx(math.fsum(tensors["big"].double().tolist()) + 3.0,
-                                       abs=_float64_sum_error_bound(tensors))
-
-
-def test_fingerprint_sees_a_change_in_a_single_weight():
-    weights = {"a": torch.zeros(5, 5), "b": torch.full((4,), 0.5, dtype=torch.bfloat16)}
-    base = weights_fingerprint(weights)
-    assert base == 2.0
-    weights["a"][2, 3] = 1e-6
-    assert weights_fingerprint(weights) - base == pytest.approx(1e-6, rel=1e-6)
+    assert engine.weight_fingerprint == weights_fingerprint(engine.model) == weights_fingerprint(
+        {name: tensor.clone() for name, tensor in state.items()})

@@ -10,7 +10,7 @@ import pytest
 import miles.ray.rollout_manager as rollout_manager_module
 from miles.ray.cluster import count_bundles
 from miles.ray.rollout_manager import RolloutManager, _split, rollout_seed
-from miles.utils.errors import DivergenceError
+from miles.utils.errors import OffPolicyGuardError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -62,22 +62,25 @@ def test_split_is_contiguous_nearly_equal_and_keeps_order(num_items, parts):
     assert max(sizes) - min(sizes) <= 1
 
 
-class _EngineEchoingANonFinitePush:
-    """What a TorchRolloutEngine's ``load_pushed`` returns for a push of diverged weights: NaN fingerprints."""
+class _EngineLoading:
+    """What a TorchRolloutEngine's ``load_pushed`` returns: (version, the fingerprint sent, the one it computed)."""
 
-    class load_pushed:  # noqa: N801 (called as engine.load_pushed.remote(ref), like a Ray actor method)
-        @staticmethod
-        def remote(payload_ref):
-            return (3, float("nan"), float("nan"))
+    def __init__(self, loaded: str) -> None:
+        self.load_pushed = self  # called as engine.load_pushed.remote(ref), like a Ray actor method
+        self.loaded = loaded
+
+    def remote(self, payload_ref):
+        return (3, "a" * 64, self.loaded)
 
 
-def test_a_push_of_non_finite_weights_is_divergence_not_a_fingerprint_mismatch(monkeypatch):
-    """NaN != NaN: without the finiteness check first, diverged weights would be reported as a miles bug."""
+def test_an_engine_that_loaded_other_weights_stops_the_push_and_is_named(monkeypatch):
     manager = object.__new__(RolloutManager)
-    manager.engines = [_EngineEchoingANonFinitePush(), _EngineEchoingANonFinitePush()]
+    manager.engines = [_EngineLoading("a" * 64), _EngineLoading("b" * 64)]
     monkeypatch.setattr(rollout_manager_module.ray, "wait", lambda refs, **_: (refs, []))
     monkeypatch.setattr(rollout_manager_module.ray, "get", lambda values: values)
-    with pytest.raises(DivergenceError, match="weight version 3: .* no longer finite"):
+    with pytest.raises(OffPolicyGuardError, match=r"weight version 3: rollout engine\(s\) \[1\] loaded weights with "
+                                                  r"fingerprint\(s\) \['bbbbbbbbbbbb'\], but the trainer pushed "
+                                                  r"fingerprint aaaaaaaaaaaa"):
         manager.load_weights(["push ref"])
 
 
