@@ -191,7 +191,8 @@ class TrainingRun:
         return rollout_id == self.args.num_rollout - 1 or self.should_stop(rollout_id)
 
 
-_ROLE_OF_CLASS = {"TorchRolloutEngine": "a rollout engine", "RolloutManager": "the rollout manager"}
+_ROLE_OF_CLASS = {"TorchRolloutEngine": "a rollout engine", "SGLangRolloutEngine": "an SGLang rollout engine",
+                   "RolloutManager": "the rollout manager"}
 
 
 def checkpoint_note(args, saved_now: bool = False) -> str:
