@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from miles.utils.errors import MilesConfigError
 
 CPUS_PER_BUNDLE = 1
+SHUTDOWN_TIMEOUT_S = 30.0  # an engine with processes of its own (SGLang) gets this long to stop them
 
 
 @contextlib.contextmanager
@@ -58,6 +59,10 @@ class Placement:
         return PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=bundle)
 
     def release(self) -> None:
+        for handle in self.actors:  # an engine with processes of its own (SGLang) stops them first
+            if hasattr(handle, "shutdown"):
+                with contextlib.suppress(Exception):
+                    ray.get(handle.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
         for handle in self.actors:
             with contextlib.suppress(Exception):
                 ray.kill(handle)

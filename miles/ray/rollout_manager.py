@@ -9,6 +9,7 @@ actors as an object reference.
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 
@@ -18,7 +19,7 @@ from miles.guard.fingerprint import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.rm import get_reward_fn
-from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError
+from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError, RolloutEngineError
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
 
 
@@ -49,6 +50,7 @@ class RolloutManager:
         )
         self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
         self.weight_version = 0
+        self.push_perf: dict[str, float] = {}  # the latest push's cost inside the engines (SGLang)
         self.last_push_s = 0.0  # the latest push, export ready to every engine loaded; reported with the next rollout
 
     def load_weights(self, pushed: list) -> None:
@@ -76,6 +78,9 @@ class RolloutManager:
             )
         self.weight_version = version
         self.last_push_s = time.perf_counter() - start
+        if self.args.rollout_backend == "sglang":  # SGLang's update and checksum, the slowest engine's
+            costs = ray.get([engine.push_perf.remote() for engine in self.engines])
+            self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int) -> list[Sample]:
         shares = _split(prompts, len(self.engines))
@@ -111,6 +116,7 @@ class RolloutManager:
             "rollout/weight_version": float(self.weight_version),
             "perf/generate_s": time.perf_counter() - start,
             "perf/last_push_s": self.last_push_s,
+            **self.push_perf,
         }
         return RolloutBatch(rollout_id, samples), metrics
 
@@ -125,16 +131,46 @@ class RolloutManager:
 
 def create_rollout_manager(args, placement: Placement):
     """The manager actor (no CPU of its own: it only dispatches) and one engine actor per engine bundle."""
-    # torch + transformers: imported here, where the caller has them already, not by the manager's process.
-    from miles.rollout.engine import TorchRolloutEngine
-
     engine_cpus = 0 if args.colocate else CPUS_PER_BUNDLE
     engines = [
-        ray.remote(TorchRolloutEngine)
-        .options(num_cpus=engine_cpus, scheduling_strategy=placement.strategy(bundle))
-        .remote(args.hf_checkpoint, args.rollout_seed, 1)
-        for bundle in placement.engine_bundles
+        _engine_actor(args, index).options(num_cpus=engine_cpus, scheduling_strategy=placement.strategy(bundle))
+        .remote(*_engine_init_args(args, index))
+        for index, bundle in enumerate(placement.engine_bundles)
     ]
+    placement.actors.extend(engines)
+    if args.rollout_backend == "sglang":
+        wait_for_engines(engines, args.rollout_engine_start_timeout)
     manager = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engines)
     placement.actors.append(manager)
     return manager
+
+
+def _engine_actor(args, index: int):
+    # torch + transformers (and sglang): imported here, where the caller has them already, not by the manager.
+    if args.rollout_backend == "sglang":
+        from miles.rollout.sglang_engine import SGLangRolloutEngine
+
+        return ray.remote(SGLangRolloutEngine)
+    from miles.rollout.engine import TorchRolloutEngine
+
+    return ray.remote(TorchRolloutEngine)
+
+
+def _engine_init_args(args, index: int) -> tuple:
+    if args.rollout_backend == "sglang":
+        stand_in_log = os.path.join(args.log_dir, "sglang_stand_ins.log")
+        return (args.hf_checkpoint, args.rollout_seed + index, args.sglang_server_args, index, stand_in_log)
+    return (args.hf_checkpoint, args.rollout_seed, 1)
+
+
+def wait_for_engines(engines: list, timeout_s: float) -> None:
+    """Every engine answers ``ready()`` within ``timeout_s``; else one ``RolloutEngineError`` naming the ones that
+    did not (an engine whose start failed raises its own one-line error instead)."""
+    pending = {engine.ready.remote(): index for index, engine in enumerate(engines)}
+    _, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+    if late:
+        raise RolloutEngineError(
+            f"SGLang rollout engine(s) {sorted(pending[ref] for ref in late)} did not start within "
+            f"--rollout-engine-start-timeout {timeout_s:g} s; raise it on a busy machine (a start takes about 30 s "
+            "on 2 cores), or lower --rollout-num-engines.")
+    ray.get(list(pending))  # an engine that failed to start raises its own error here

@@ -243,7 +243,8 @@ def get_in_order(refs: list) -> list:
     return results
 
 
-_ROLE_OF_CLASS = {"TorchRolloutEngine": "a rollout engine", "RolloutManager": "the rollout manager"}
+_ROLE_OF_CLASS = {"TorchRolloutEngine": "a rollout engine", "SGLangRolloutEngine": "an SGLang rollout engine",
+                   "RolloutManager": "the rollout manager"}
 
 
 def checkpoint_note(args, saved_now: bool = False) -> str:

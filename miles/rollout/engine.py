@@ -37,7 +37,7 @@ class TorchRolloutEngine:
         self.seed = seed
         self.model = load_causal_lm(hf_checkpoint)
         self.tokenizer = load_tokenizer(hf_checkpoint)
-        self.eos_token_id = _eos_token_id(self.tokenizer, self.model, hf_checkpoint)
+        self.eos_token_id = eos_token_id_of(self.tokenizer, self.model.config, hf_checkpoint)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.eos_token_id  # padded positions are masked out
         self.weight_version = 0
@@ -76,7 +76,7 @@ class TorchRolloutEngine:
 
         A response stops after ``<eos>`` (included, COMPLETED) or after ``max_response_len`` tokens (TRUNCATED).
         """
-        _check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
+        check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
         prompt_ids = self._encode_prompts(prompts, max_response_len)
         version_at_start = self.weight_version
         generator = torch.Generator().manual_seed(_mix_seeds(self.seed, seed))
@@ -95,7 +95,8 @@ class TorchRolloutEngine:
         versions = sorted({version_at_start, self.weight_version})
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         return [
-            self._make_sample(prompts[index // n_samples_per_prompt], index, n_samples_per_prompt, versions, *row)
+            build_sample(self.tokenizer, self.eos_token_id, prompts[index // n_samples_per_prompt], index,
+                         n_samples_per_prompt, versions, self.weight_fingerprint, *row)
             for index, row in enumerate(zip(rows, response_ids, response_log_probs, strict=True))
         ]
 
@@ -104,31 +105,35 @@ class TorchRolloutEngine:
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
         return encode_prompts(self.tokenizer, texts, max_positions, max_response_len, lambda i: f"prompt {texts[i]!r}")
 
-    def _make_sample(
-        self,
-        item: dict,
-        index: int,
-        n_samples_per_prompt: int,
-        weight_versions: list[int],
-        prompt_tokens: list[int],
-        tokens: list[int],
-        log_probs: list[float],
-    ) -> Sample:
-        completed = bool(tokens) and tokens[-1] == self.eos_token_id
-        return Sample(
-            group_index=index // n_samples_per_prompt,
-            index=index,
-            prompt=item["prompt"],
-            label=item.get("label", ""),
-            tokens=prompt_tokens + tokens,
-            response_length=len(tokens),
-            response=self.tokenizer.decode(tokens, skip_special_tokens=True),
-            loss_mask=[1] * len(tokens),  # <eos> included: it is an action the policy took
-            rollout_log_probs=log_probs,
-            weight_versions=weight_versions,
-            weight_fingerprint=self.weight_fingerprint,
-            status=SampleStatus.COMPLETED if completed else SampleStatus.TRUNCATED,
-        )
+def build_sample(
+    tokenizer,
+    eos_token_id: int,
+    item: dict,
+    index: int,
+    n_samples_per_prompt: int,
+    weight_versions: list[int],
+    weight_fingerprint: float | None,
+    prompt_tokens: list[int],
+    tokens: list[int],
+    log_probs: list[float],
+) -> Sample:
+    """One rollout sample of prompt ``item`` (every engine builds its samples here): COMPLETED if the response ends
+    with ``<eos>``, else TRUNCATED; the loss mask covers every response token, ``<eos>`` included."""
+    completed = bool(tokens) and tokens[-1] == eos_token_id
+    return Sample(
+        group_index=index // n_samples_per_prompt,
+        index=index,
+        prompt=item["prompt"],
+        label=item.get("label", ""),
+        tokens=prompt_tokens + tokens,
+        response_length=len(tokens),
+        response=tokenizer.decode(tokens, skip_special_tokens=True),
+        loss_mask=[1] * len(tokens),  # <eos> included: it is an action the policy took
+        rollout_log_probs=log_probs,
+        weight_versions=weight_versions,
+        weight_fingerprint=weight_fingerprint,
+        status=SampleStatus.COMPLETED if completed else SampleStatus.TRUNCATED,
+    )
 
 
 def sample_with_kv_cache(
@@ -236,7 +241,7 @@ def _mix_seeds(engine_seed: int, call_seed: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _check_generate_args(prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int):
+def check_generate_args(prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int):
     if isinstance(max_response_len, bool) or not isinstance(max_response_len, int) or max_response_len < 1:
         raise MilesConfigError(
             f"--rollout-max-response-len={max_response_len!r}: a response needs a budget of at least 1 token; "
@@ -255,10 +260,11 @@ def _check_generate_args(prompts: list[dict], n_samples_per_prompt: int, tempera
         raise MilesConfigError("generate() got no prompts; pass at least one {'prompt': ..., 'label': ...} item.")
 
 
-def _eos_token_id(tokenizer, model: torch.nn.Module, hf_checkpoint: str) -> int:
+def eos_token_id_of(tokenizer, config, hf_checkpoint: str) -> int:
+    """The tokenizer's eos token, else config.json's (the first of a list)."""
     eos = tokenizer.eos_token_id
     if eos is None:
-        eos = model.config.eos_token_id
+        eos = config.eos_token_id
         eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
     if eos is None:
         raise MilesConfigError(

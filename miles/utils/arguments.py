@@ -10,8 +10,10 @@ as much as starting Python.
 """
 
 import argparse
+import sys
 
 from miles.ranks.layout import check_rank_layout
+from miles.rollout.sglang_words import split_sglang_words
 from miles.utils import flags
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 from miles.utils.flag_rules import check_flag_values
@@ -123,8 +125,13 @@ def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
 
 
 def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
-    """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``."""
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``.
+
+    The ``--sglang-*`` words (SGLang's server arguments) are set aside as ``args.sglang_words``, unparsed: the
+    preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
+    argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
     args = build_parser(add_custom_arguments).parse_args(argv)
+    args.sglang_words = sglang_words
     miles_validate_args(args)
     return args
 
@@ -149,6 +156,7 @@ def miles_validate_args(args) -> None:
     _check_kl(args)
     _check_estimator_requirements(args)
     _check_checkpointing(args)
+    _check_rollout_backend(args)
     check_rank_layout(args)
 
 
@@ -229,6 +237,15 @@ def _check_estimator_requirements(args) -> None:
         raise MilesConfigError(
             f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages (REINFORCE++ "
             "whitens its returns over the batch). Add --normalize-advantages."
+        )
+
+
+def _check_rollout_backend(args) -> None:
+    words = getattr(args, "sglang_words", [])
+    if words and args.rollout_backend != "sglang":
+        raise MilesConfigError(
+            f"{words[0]} is an SGLang server argument, but --rollout-backend is {args.rollout_backend!r}, whose "
+            "engines would ignore it. Add --rollout-backend sglang, or drop the --sglang-* flags."
         )
 
 

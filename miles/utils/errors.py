@@ -60,3 +60,7 @@ class RunInterrupted(MilesRunError):
 
 class ProcessDiedError(MilesRunError):
     """One of the run's Ray processes (actor, critic, rollout engine or manager) died mid-run."""
+
+
+class RolloutEngineError(MilesRunError):
+    """A rollout engine failed to start, answer or load weights; the message names the engine."""

@@ -109,6 +109,8 @@ FLAG_RULES: dict[str, Range] = {
     "rollout_max_response_len": AT_LEAST_ONE,
     "rollout_seed": SEED,
     "rollout_num_engines": AT_LEAST_ONE,
+    "rollout_engine_start_timeout": Range(low=0, low_open=True, example="600",
+                                          why="seconds an SGLang engine may take to start (about 30 here)"),
     # checkpoints and logging
     "save_interval": AT_LEAST_ONE,
     "eval_interval": Range(low=0, example="25", why="0 disables evaluation"),

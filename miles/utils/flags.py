@@ -13,6 +13,8 @@ import argparse
 
 from miles.backends import TRAIN_BACKENDS
 
+ROLLOUT_BACKENDS = ("torch", "sglang")
+
 # flag -> (miles default, upstream default, why)
 UPSTREAM_DEFAULT_DEPARTURES = {
     "--num-rollout": ("300", "required", "the embedded default trains in a few minutes"),
@@ -26,6 +28,8 @@ UPSTREAM_DEFAULT_DEPARTURES = {
     "--label-key": ("label", "none", "the embedded data's key"),
     "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
     "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
+    "--rollout-backend": ("torch", "sglang (its only engine)", "the embedded default's one-minute run needs no "
+                          "SGLang install; --rollout-backend sglang runs SGLang, docs/sglang.md"),
     "--actor-num-gpus-per-node": ("1", "8", "the embedded default trains in one process; without GPUs a 'GPU' is a "
                                   "train process with one CPU bundle"),
 }
@@ -260,7 +264,22 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rollout-seed", type=int, default=42, help="Seed of rollout sampling. (default: %(default)s)")
     group.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompt data each epoch.")
     group.add_argument(
-        "--rollout-num-engines", type=int, default=1, help="Torch rollout engines (one CPU bundle each). (default: %(default)s)"
+        "--rollout-num-engines", type=int, default=1, help="Rollout engines (one CPU bundle each). (default: %(default)s)"
+    )
+    group.add_argument(
+        "--rollout-backend",
+        choices=ROLLOUT_BACKENDS,
+        default="torch",
+        help="Rollout engine: 'torch' (miles' own sampler on the trainer's model code) or 'sglang' (SGLang's offline "
+        "engine in a Ray actor; needs the [sglang] extra, `bash scripts/setup.sh --with-sglang`, docs/sglang.md). "
+        "SGLang's server arguments pass through as --sglang-NAME VALUE (checked against SGLang's own parser before "
+        "Ray starts). (default: %(default)s)",
+    )
+    group.add_argument(
+        "--rollout-engine-start-timeout",
+        type=float,
+        default=600.0,
+        help="Seconds each SGLang engine may take to start before the run fails naming it. (default: %(default)s)",
     )
     group.add_argument("--rm-type", default="math_exact", help="Built-in rule reward. (default: %(default)s)")
     group.add_argument(

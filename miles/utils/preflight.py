@@ -1,6 +1,6 @@
 """What ``training_run`` checks in the driver process before Ray starts (docs/training.md#checked-at-startup).
 
-Every check reads; none writes. A bad model folder, checkpoint, output folder, prompt file or reward function is a
+Every check reads; none writes (the parsed ``--sglang-*`` settings are kept on ``args`` for the engines). A bad model folder, checkpoint, output folder, prompt file or reward function is a
 ``MilesConfigError`` (one ``error:`` line, exit 2) within a second or two of launch, and nothing has been
 written anywhere when it is raised. The flag values themselves were checked earlier, by ``miles_validate_args``.
 """
@@ -19,6 +19,7 @@ from miles.models.hf import check_hf_checkpoint, load_tokenizer
 from miles.rollout.data_source import load_prompt_data
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.rm import get_reward_fn
+from miles.rollout.sglang_args import check_sglang_server_args
 from miles.utils.errors import MilesConfigError
 
 # Prompt files within both limits are tokenized up front: about one second of one CPU core even for the embedded
@@ -34,6 +35,9 @@ def preflight(args) -> int:
     Returns the number of training prompts.
     """
     check_hf_checkpoint(args.hf_checkpoint)
+    if args.rollout_backend == "sglang":
+        args.sglang_server_args = check_sglang_server_args(
+            getattr(args, "sglang_words", []), args.hf_checkpoint, cuda=torch.cuda.is_available())
     if args.train_backend == "megatron":
         check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
                                tensor_parallel_size=args.tensor_model_parallel_size)

@@ -1,0 +1,177 @@
+"""The SGLang rollout engine (``--rollout-backend sglang``): SGLang's offline ``sglang.Engine`` inside a Ray actor,
+with the interface and the guarantees of the torch engine (docs/sglang.md).
+
+- Log-probs: SGLang's sampled-token log-probs are log softmax(logits / temperature)[token] (its sampler's standard
+  path), the trainer's definition, as long as no top-k / top-p / min-p filter, penalty or
+  ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is in play: every sampling parameter is passed explicitly at its neutral value,
+  and the preflight refuses the environment variable (``miles.rollout.sglang_args``).
+- One weight version per sample: a Ray actor runs one call at a time, so no push lands inside ``generate``; before
+  each update the cache is flushed, polled until SGLang accepts (it refuses while requests are pending).
+- The update goes through ``update_weights_from_tensor`` between ``begin_weight_update`` and
+  ``end_weight_update``, with the version, and every return value is checked: an update SGLang did not apply is an
+  ``OffPolicyGuardError``, never a silent stale engine.
+- The fingerprint: after each update SGLang's own weight checker hashes the tensors the engine holds; the table must
+  equal the one computed from the pushed tensors in SGLang's layout (``miles.rollout.sglang_layout``). Only then
+  does the engine report the pushed weights' fingerprint as its own: it holds them bit for bit.
+- Each sample's version is the one SGLang itself reports (``meta_info["weight_version"]``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from miles.guard.fingerprint import weights_fingerprint
+from miles.models.hf import load_tokenizer
+from miles.rollout import sglang_shims
+from miles.rollout.engine import build_sample, check_generate_args, eos_token_id_of
+from miles.rollout.prompt_tokens import encode_prompts
+from miles.rollout.sglang_args import engine_kwargs
+from miles.rollout.sglang_layout import check_held_weights, sglang_digests
+from miles.utils.errors import REPORT_BUG, OffPolicyGuardError, RolloutEngineError
+
+FLUSH_TRIES = 200  # flush_cache polls, FLUSH_WAIT_S apart, before an update is refused (10 s)
+FLUSH_WAIT_S = 0.05
+# Neutral values of every sampling parameter that would change the log-prob definition (SGLang's model defaults,
+# from generation_config.json, would otherwise apply to the ones left unset).
+NEUTRAL_SAMPLING = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                    "presence_penalty": 0.0, "min_new_tokens": 0}
+
+
+class SGLangRolloutEngine:
+    def __init__(self, hf_checkpoint: str, seed: int, server_args: dict, engine_index: int,
+                 stand_in_log: str | None = None):
+        """Start SGLang on ``hf_checkpoint`` with miles' settings plus the user's ``--sglang-*`` ``server_args``
+        (already checked by the preflight). A failed start is one ``RolloutEngineError`` line naming the engine."""
+        self.name = f"SGLang rollout engine {engine_index}"
+        sglang_shims.activate(stand_in_log)
+        kwargs = engine_kwargs(hf_checkpoint, seed, server_args)
+        if kwargs["device"] == "cpu":
+            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # SGLang's torch-native CPU path (no sgl_kernel ops)
+        try:
+            import sglang
+
+            self.engine = sglang.Engine(**kwargs)
+        except Exception as exc:  # SGLang's own message, on one line, with the engine's name
+            raise RolloutEngineError(f"{self.name} failed to start on {hf_checkpoint}: "
+                                     f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        from transformers import AutoConfig
+
+        self.config = AutoConfig.from_pretrained(hf_checkpoint)
+        self.dtype = getattr(torch, kwargs["dtype"])
+        self.tied_embeddings = bool(getattr(self.config, "tie_word_embeddings", False))
+        self.tokenizer = load_tokenizer(hf_checkpoint)
+        self.eos_token_id = eos_token_id_of(self.tokenizer, self.config, hf_checkpoint)
+        self.weight_version = 0
+        self.weight_fingerprint = None  # version 0 (the folder's weights) is never trained on: the push comes first
+        self.perf: dict[str, float] = {}
+
+    def ready(self) -> str:
+        """Returns once the engine started (the caller waits on it with a time-out)."""
+        return self.name
+
+    def held_digests(self) -> dict[str, str]:
+        """SGLang's checksum of every tensor the engine holds, in its own layout (its weight checker)."""
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput
+
+        manager = self.engine.tokenizer_manager
+        success, message, ranks, _ = self.engine.loop.run_until_complete(
+            manager.check_weights(CheckWeightsReqInput(action="checksum"), None))
+        if not success or not ranks:
+            raise RolloutEngineError(f"{self.name}: SGLang's weight checker failed: {message}")
+        if len(ranks) != 1:
+            raise RolloutEngineError(f"{self.name}: {len(ranks)} ranks report checksums; miles checks one rank "
+                                     "per engine (--rollout-num-gpus-per-engine 1)")
+        return dict(ranks[0]["checksums"])
+
+    def load_pushed(self, payload: dict) -> tuple[int, str, str]:
+        """Load a trainer's push ``{"version", "fingerprint", "state_dict"}`` through SGLang's update path and return
+        its version, the trainer's fingerprint, and the fingerprint of the weights the engine now holds (equal to
+        the trainer's once SGLang's checksums of what it holds match the pushed tensors in SGLang's layout)."""
+        version, state_dict = payload["version"], payload["state_dict"]
+        start = time.perf_counter()
+        self._flush_cache(version)
+        self._call("begin_weight_update", version, self.engine.begin_weight_update())
+        try:
+            updated = self._update_from_tensor(state_dict, version)
+        finally:
+            ended = self.engine.end_weight_update()  # the session is closed whatever the update did
+        self._call("update_weights_from_tensor", version, updated)
+        self._call("end_weight_update", version, ended)
+        loaded = time.perf_counter()
+        held = self.held_digests()
+        checked = time.perf_counter()
+        expected = sglang_digests(state_dict, self.dtype, self.tied_embeddings)
+        check_held_weights(f"{self.name}, weight version {version}", expected, held)
+        self.weight_version = version
+        self.weight_fingerprint = weights_fingerprint(state_dict)  # the weights it holds, proved equal above
+        self.perf = {"perf/sglang_update_s": loaded - start, "perf/sglang_checksum_s": checked - loaded,
+                     "perf/sglang_expected_digests_s": time.perf_counter() - checked}
+        return version, payload["fingerprint"], self.weight_fingerprint
+
+    def push_perf(self) -> dict[str, float]:
+        """The latest push's cost on this engine: SGLang's update, its checksum, the expected digests."""
+        return dict(self.perf)
+
+    def _update_from_tensor(self, state_dict: dict[str, torch.Tensor], version: int):
+        """``Engine.update_weights_from_tensor`` plus the request's ``weight_version``, which SGLang then stamps
+        on every generation (0.5.23's ``Engine`` method does not pass it on)."""
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+        named = [(name, tensor.detach().contiguous()) for name, tensor in state_dict.items()]
+        request = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=self.engine._serialize_tensors_per_rank(named, None),
+            flush_cache=True, weight_version=str(version))
+        return self.engine.loop.run_until_complete(self.engine.tokenizer_manager.update_weights_from_tensor(request))
+
+    def _flush_cache(self, version: int) -> None:
+        """Poll ``flush_cache`` until SGLang accepts it: it refuses while requests are pending, and an update then
+        could kill the scheduler (seen with an older SGLang)."""
+        for _ in range(FLUSH_TRIES):
+            if self.engine.flush_cache().success:
+                return
+            time.sleep(FLUSH_WAIT_S)
+        raise RolloutEngineError(f"{self.name}: the cache could not be flushed before weight version {version} in "
+                                 f"{FLUSH_TRIES * FLUSH_WAIT_S:g} s (requests still pending)")
+
+    def _call(self, what: str, version: int, result) -> None:
+        success, message = result[0], result[1]
+        if not success:
+            raise OffPolicyGuardError(f"{self.name}: weight version {version} was not loaded: SGLang's {what} "
+                                      f"returned {message!r}; the engine would keep generating with old weights. "
+                                      f"{REPORT_BUG}")
+
+    def generate(self, prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int,
+                 seed: int) -> list:
+        """Sample ``n_samples_per_prompt`` responses per prompt, in prompt order (the torch engine's contract).
+        ``seed`` is not used: SGLang samples from the engine's seeded generator (docs/sglang.md, "Seeds")."""
+        check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
+        texts = [item["prompt"] for item in prompts]
+        prompt_ids = encode_prompts(self.tokenizer, texts, getattr(self.config, "max_position_embeddings", None),
+                                    max_response_len, lambda i: f"prompt {texts[i]!r}")
+        rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
+        sampling = {"temperature": float(temperature), "max_new_tokens": max_response_len, **NEUTRAL_SAMPLING}
+        outputs = self.engine.generate(input_ids=rows, sampling_params=sampling, return_logprob=True)
+        samples = []
+        for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):
+            tokens, log_probs, version = self._response(output)
+            samples.append(build_sample(self.tokenizer, self.eos_token_id, prompts[index // n_samples_per_prompt],
+                                        index, n_samples_per_prompt, [version], self.weight_fingerprint, row,
+                                        tokens, log_probs))
+        return samples
+
+    def _response(self, output: dict) -> tuple[list[int], list[float], int]:
+        """(tokens, their log-probs, the weight version SGLang stamped) of one generation."""
+        tokens, meta = list(output["output_ids"]), output["meta_info"]
+        entries = meta["output_token_logprobs"]  # (logprob, token_id, None) per generated token
+        if [entry[1] for entry in entries] != tokens:
+            raise RolloutEngineError(f"{self.name}: SGLang returned log-probs of tokens {[e[1] for e in entries]} "
+                                     f"for the generated tokens {tokens}. {REPORT_BUG}")
+        stamped = meta["weight_version"]  # "default" before the first update
+        return tokens, [float(entry[0]) for entry in entries], 0 if stamped == "default" else int(stamped)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+

@@ -1,0 +1,71 @@
+"""Import stand-ins that let SGLang 0.5.23 start on a CPU-only torch, activated only inside an SGLang engine's process.
+
+SGLang imports two packages that have no CPU build for this torch (docs/sglang.md, "Stand-ins"):
+
+- ``sgl_kernel``: ``sglang/kernels/ops/kvcache/cache_move.py`` (and a few CPU helpers) import names from it at
+  import time; the registry's ``sgl-kernel``/``sglang-kernel`` wheels are CUDA builds, and SGLang's CPU kernels come
+  only from a source build for AVX512/AMX. The torch-native CPU path (``SGLANG_USE_CPU_ENGINE=1``) never calls them.
+- ``torchvision``: imported by SGLang's multimodal configs and processors, which a text model never runs; the only
+  wheel for torch 2.13 is a CUDA build that fails to load with the CPU torch.
+
+Each stand-in provides every name it is asked for as a ``StandIn`` that, if it is ever *called*, appends a line to
+the file named by ``$MILES_SGLANG_STAND_IN_LOG`` and raises ``StandInCalled``; the e2e tests assert that file stays
+empty over full training runs. ``activate(log_path)`` puts this folder first on ``sys.path`` of the current process
+(the engine's Ray actor; SGLang's scheduler processes are spawned from it and inherit its ``sys.path``) and is
+called only by ``SGLangRolloutEngine``: no other process of a run, and no other code, ever sees these modules.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+STAND_IN_DIR = os.path.dirname(os.path.abspath(__file__))
+LOG_ENV = "MILES_SGLANG_STAND_IN_LOG"
+
+
+class StandInCalled(RuntimeError):
+    """A stand-in was called: SGLang took a path that needs the real compiled package."""
+
+
+class StandIn:
+    """A name of a missing package: attribute access gives further stand-ins (module-level constants such as
+    ``InterpolationMode.BICUBIC`` in SGLang's imports); a call logs and raises."""
+
+    def __init__(self, qualified_name: str) -> None:
+        self._qualified_name = qualified_name
+
+    def __getattr__(self, attr: str) -> StandIn:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return StandIn(f"{self._qualified_name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        message = f"{self._qualified_name} was called, but it is a miles stand-in (docs/sglang.md, 'Stand-ins')"
+        log_path = os.environ.get(LOG_ENV)
+        if log_path:
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"pid {os.getpid()}: {message}\n")
+        raise StandInCalled(message)
+
+    def __repr__(self) -> str:
+        return f"<miles stand-in {self._qualified_name}>"
+
+
+class StandInModule(types.ModuleType):
+    """A module whose every missing attribute is a ``StandIn`` of that name."""
+
+    def __getattr__(self, attr: str) -> StandIn:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return StandIn(f"{self.__name__}.{attr}")
+
+
+def activate(log_path: str | None) -> None:
+    """Make ``sgl_kernel`` and ``torchvision`` importable in this process (and the processes it spawns), logging any
+    call to ``log_path``. Idempotent."""
+    if log_path:
+        os.environ[LOG_ENV] = log_path
+    if STAND_IN_DIR not in sys.path:
+        sys.path.insert(0, STAND_IN_DIR)
