@@ -72,8 +72,10 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--disable-grpo-std-normalization",
-        action="store_true",
-        help="GRPO/GSPO: subtract the group mean only, do not divide by the group std.",
+        action="store_false",
+        dest="grpo_std_normalization",
+        help="GRPO/GSPO: subtract the group mean only, do not divide by the group std (upstream's dest: "
+        "args.grpo_std_normalization, True unless this flag is given).",
     )
     group.add_argument(
         "--num-critic-only-steps",

@@ -310,7 +310,7 @@ class PolicyTrainer(_TrainProcess):
         advantages, _ = compute_advantages_and_returns(
             self.args.advantage_estimator, [sample.reward for sample in samples], loss_masks, values,
             group_size=self.args.n_samples_per_prompt, gamma=self.args.gamma, lambd=self.args.lambd,
-            std_normalization=not self.args.disable_grpo_std_normalization,
+            std_normalization=self.args.grpo_std_normalization,
             normalize=self.args.normalize_advantages, kl=kl, kl_coef=self.args.kl_coef,
         )
         return advantages

@@ -182,6 +182,12 @@ class TestParser:
         out = capsys.readouterr().out
         assert "depart from upstream" in out and "--lr 3e-4 (upstream: 1e-6)" in out
 
+    def test_disable_grpo_std_normalization_has_upstreams_action_and_dest(self):
+        # Upstream: store_false into grpo_std_normalization, so a custom function written for upstream reads it.
+        assert parse_args(argv=[]).grpo_std_normalization is True
+        args = parse_args(argv=["--disable-grpo-std-normalization"])
+        assert args.grpo_std_normalization is False and not hasattr(args, "disable_grpo_std_normalization")
+
     def test_custom_arguments_hook(self):
         args = parse_args(lambda p: p.add_argument("--my-flag", type=int, default=7), argv=["--my-flag", "3"])
         assert args.my_flag == 3
