@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import ray
 
 from miles.backends.training_utils import checkpoint
+from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
 from miles.guard import off_policy
 from miles.ranks.layout import train_layouts
@@ -242,6 +243,7 @@ def _derive_num_rollout(args, num_prompts: int) -> None:
         args.num_rollout = math.ceil(args.num_epoch * num_prompts / args.rollout_batch_size)
         logger.info("derived num_rollout = %d (from --num-epoch %d over %d prompts)",
                     args.num_rollout, args.num_epoch, num_prompts)
+        check_lr_schedules(args)  # the schedule's length is the run's, known only now
 
 
 @contextlib.contextmanager

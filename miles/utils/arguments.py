@@ -11,6 +11,7 @@ as much as starting Python.
 
 import argparse
 
+from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.ranks.layout import check_rank_layout
 from miles.utils import flags
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
@@ -102,6 +103,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_algorithm_arguments(parser)
         flags.add_off_policy_arguments(parser)
         flags.add_loop_arguments(parser)
+        flags.add_optimizer_arguments(parser)
         flags.add_backend_arguments(parser)
         flags.add_parallel_arguments(parser)
         flags.add_rollout_arguments(parser)
@@ -150,6 +152,10 @@ def miles_validate_args(args) -> None:
     _check_estimator_requirements(args)
     _check_checkpointing(args)
     check_rank_layout(args)
+    # Last: it reads --num-rollout, which miles-check may not know. With --num-epoch, --num-rollout is derived from
+    # the data, and the schedule is checked then (miles.ray.run).
+    if args.num_epoch is None:
+        check_lr_schedules(args)
 
 
 def _derive(args, name: str, value, reason: str) -> None:

@@ -25,6 +25,8 @@ UPSTREAM_DEFAULT_DEPARTURES = {
     "--input-key": ("prompt", "input", "the embedded data's key"),
     "--label-key": ("label", "none", "the embedded data's key"),
     "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
+    "--lr-decay-style": ("constant", "linear", "the embedded default's numbers (README, docs) were measured at a "
+                         "constant rate"),
     "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
     "--actor-num-gpus-per-node": ("1", "8", "the embedded default trains in one process; without GPUs a 'GPU' is a "
                                   "train process with one CPU bundle"),
@@ -192,9 +194,55 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         help="Stop cleanly after training this rollout id (for debugging). (default: off)",
     )
     group.add_argument("--seed", type=int, default=1234, help="Training seed. (default: %(default)s)")
-    group.add_argument("--lr", type=float, default=3e-4, help="Actor learning rate (Adam). (default: %(default)s)")
-    group.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate. (default: --lr)")
+    group.add_argument(
+        "--lr", type=float, default=3e-4,
+        help="Actor learning rate: the schedule's peak (see --lr-decay-style). (default: %(default)s)",
+    )
+    group.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate (peak). (default: --lr)")
     group.add_argument("--clip-grad", type=float, default=1.0, help="Gradient-norm clip. (default: %(default)s)")
+
+
+def add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron's optimizer and learning-rate schedule flags, with Megatron's defaults (docs/training.md)."""
+    group = parser.add_argument_group(
+        "optimizer and learning-rate schedule",
+        "An iteration is one optimizer step, counted over the whole run (across rollouts and resumes); the run has "
+        "--num-rollout x --num-steps-per-rollout of them. The critic follows the same schedule with --critic-lr "
+        "and --critic-lr-warmup-iters.",
+    )
+    group.add_argument(
+        "--optimizer", choices=["adam", "sgd"], default="adam",
+        help="'adam': Adam with decoupled weight decay (AdamW, as Megatron's); 'sgd': SGD with momentum and L2 "
+        "weight decay. Biases and 1-D parameters get no weight decay. (default: %(default)s)",
+    )
+    group.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient. (default: %(default)s)")
+    group.add_argument("--adam-beta1", type=float, default=0.9, help="Adam's beta1. (default: %(default)s)")
+    group.add_argument("--adam-beta2", type=float, default=0.999, help="Adam's beta2. (default: %(default)s)")
+    group.add_argument("--adam-eps", type=float, default=1e-8, help="Adam's epsilon. (default: %(default)s)")
+    group.add_argument("--sgd-momentum", type=float, default=0.9, help="SGD momentum. (default: %(default)s)")
+    group.add_argument(
+        "--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root"], default="constant",
+        help="Decay of the learning rate after the warm-up, from --lr to --min-lr over --lr-decay-iters. "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--lr-decay-iters", type=int, default=None,
+        help="Iterations to decay over. (default: the run's, --num-rollout x --num-steps-per-rollout)",
+    )
+    group.add_argument(
+        "--lr-warmup-iters", type=int, default=0,
+        help="Iterations of linear warm-up from --lr-warmup-init to --lr. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--lr-warmup-fraction", type=float, default=None,
+        help="Warm-up as a fraction of --lr-decay-iters, instead of --lr-warmup-iters. (default: off)",
+    )
+    group.add_argument("--lr-warmup-init", type=float, default=0.0, help="Learning rate the warm-up starts from. (default: %(default)s)")
+    group.add_argument("--min-lr", type=float, default=0.0, help="Learning rate the decay ends at. (default: %(default)s)")
+    group.add_argument(
+        "--critic-lr-warmup-iters", type=int, default=0,
+        help="Iterations of the critic's linear warm-up. (default: %(default)s)",
+    )
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
