@@ -28,6 +28,7 @@ from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
 from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summary
 from miles.tracking.plot import plot_run
+from miles.tracking.wandb_run import WandbSettings
 from miles.utils.errors import MilesRunError, ProcessDiedError, RunInterrupted
 from miles.utils.preflight import check_rollouts_left, preflight
 from miles.utils.stop_signals import StopRequest
@@ -267,7 +268,7 @@ def training_run(args, driver: str):
                 ray.get(critic.init.remote())
             ray.get(push_weights(rollout_manager, actor, start_rollout_id, after_training=False))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
-                                vars(args), driver) as tracker:
+                                vars(args), driver, wandb=WandbSettings.from_args(args)) as tracker:
                 run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id, stop_request)
                 try:
                     yield run

@@ -131,7 +131,7 @@ FLAG_RULES: dict[str, Range] = {
 
 # Flags that name a file or folder: an empty string would mean the current folder (or nothing at all).
 PATH_FLAGS = ("hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "load", "critic_load", "save",
-              "critic_save", "log_dir")
+              "critic_save", "log_dir", "wandb_dir")
 
 
 def flag_name(dest: str) -> str:

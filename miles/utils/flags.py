@@ -354,6 +354,26 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
         help="Write TensorBoard events beside metrics.jsonl. (default: %(default)s)",
     )
     group.add_argument(
+        "--use-wandb", action="store_true",
+        help="Log the metrics to Weights & Biases too: online with a key (--wandb-key or $WANDB_API_KEY), else "
+        "offline into the run folder (upload later with 'wandb sync RUN_DIR/wandb/offline-run-*'). Never stops a run.",
+    )
+    group.add_argument("--wandb-project", default=None, help="wandb project. (default: wandb's)")
+    group.add_argument("--wandb-group", default=None, help="wandb group; also the run's name. (default: none)")
+    group.add_argument("--wandb-team", default=None, help="wandb entity (team or user). (default: the key's)")
+    group.add_argument("--wandb-key", default=None, help="wandb API key; without one the run logs offline. (default: $WANDB_API_KEY)")
+    group.add_argument("--wandb-host", default=None, help="wandb server URL. (default: wandb's)")
+    group.add_argument(
+        "--wandb-mode", choices=["online", "offline", "disabled"], default=None,
+        help="wandb mode, over $WANDB_MODE. (default: online with a key, else offline)",
+    )
+    group.add_argument("--wandb-dir", default=None, help="Folder of the wandb files. (default: the run folder)")
+    group.add_argument("--wandb-run-id", default=None, help="Resume (or create) this wandb run id. (default: a new run)")
+    group.add_argument(
+        "--disable-wandb-random-suffix", action="store_false", dest="wandb_random_suffix",
+        help="Do not add upstream's random 6-character suffix to the wandb group and run name.",
+    )
+    group.add_argument(
         "--ray-address", default=None, help="Join this Ray cluster (or $RAY_ADDRESS). (default: start a local one)"
     )
     group.add_argument(

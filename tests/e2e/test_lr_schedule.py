@@ -1,5 +1,6 @@
-"""Megatron's optimizer and schedule flags in real runs on both backends: the rate in metrics.jsonl follows the
-schedule (actor and critic), and a resumed run continues it exactly."""
+"""Upstream's flags in real runs: Megatron's optimizer and schedule on both backends (the rate in metrics.jsonl
+follows the schedule, actor and critic, and a resumed run continues it exactly), and wandb offline (the run's
+.wandb file has metrics.jsonl's numbers). One run serves both, to keep CI short."""
 
 import math
 
@@ -8,6 +9,7 @@ import pytest
 import train
 from miles.backends.training_utils import checkpoint
 from miles.tracking.metrics import read_metrics
+from tests.wandb_records import history
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -37,6 +39,18 @@ def check_rates(records: list[dict], rollout_ids: range) -> None:
         assert math.isfinite(record["train/loss"])
 
 
+def check_wandb_has_the_jsonl_numbers(run_dir) -> None:
+    rows, config = history(run_dir)
+    assert config["lr"] == LR and config["wandb_project"] == "p"
+    records = read_metrics(run_dir)
+    assert [row["_step"] for row in rows] == [record["rollout_id"] for record in records]
+    for row, record in zip(rows, records, strict=True):
+        numbers = {name: value for name, value in record.items()
+                   if name not in ("rollout_id", "time") and isinstance(value, (int, float))}
+        assert {name: row[name] for name in numbers} == numbers  # the same JSON numbers: exact
+        assert not set(row) - set(numbers) - {"_step", "_runtime", "_timestamp"}
+
+
 @pytest.mark.megatron
 def test_the_logged_rate_follows_the_schedule_on_megatron(make_args):
     pytest.importorskip("megatron.core")
@@ -45,13 +59,17 @@ def test_the_logged_rate_follows_the_schedule_on_megatron(make_args):
     check_rates(read_metrics(args.log_dir), range(ROLLOUTS))
 
 
-def test_the_rate_follows_the_schedule_on_torch_and_a_resume_continues_it_exactly(make_args, tmp_path):
-    """The torch backend's whole schedule, in two legs: rollouts 0-2, saved, then 3-5 resumed from the save."""
+def test_the_rate_follows_the_schedule_on_torch_and_a_resume_continues_it_exactly(make_args, tmp_path, monkeypatch):
+    """The torch backend's whole schedule, in two legs: rollouts 0-2, saved, then 3-5 resumed from the save. The
+    first leg also logs to wandb, with no key and no WANDB_MODE: offline, into the run folder."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
     save = tmp_path / "ckpt"
     first = make_args(*SCHEDULE, "--save", str(save), "--debug-exit-after-rollout", "2",
-                      "--log-dir", str(tmp_path / "first"))
+                      "--log-dir", str(tmp_path / "first"), "--use-wandb", "--wandb-project", "p")
     train.train(first)
     check_rates(read_metrics(first.log_dir), range(3))
+    check_wandb_has_the_jsonl_numbers(first.log_dir)
     state = checkpoint.load_trainer_state(checkpoint.rollout_dir(str(save), 2) / "actor")
     assert state["optimizer_steps"] == 3 * STEPS
 

@@ -228,7 +228,7 @@ class TestValidatorRunsBeforeAnyAllocation:
             train.train(args)
 
 
-HEAVY_MODULES = ("torch", "ray", "transformers", "sglang", "megatron")
+HEAVY_MODULES = ("torch", "ray", "transformers", "sglang", "megatron", "wandb")
 
 
 def _run_driver(*argv, optimize=False):
