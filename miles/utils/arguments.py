@@ -146,6 +146,10 @@ def miles_validate_args(args) -> None:
     _fill(args, "critic_save", args.save, "--save")
     _fill(args, "critic_num_nodes", args.actor_num_nodes, "--actor-num-nodes")
     _fill(args, "critic_num_gpus_per_node", args.actor_num_gpus_per_node, "--actor-num-gpus-per-node")
+    _fill(args, "n_samples_per_eval_prompt", args.n_samples_per_prompt, "--n-samples-per-prompt")
+    _fill(args, "eval_temperature", args.rollout_temperature, "--rollout-temperature")
+    _fill(args, "eval_max_response_len", args.rollout_max_response_len, "--rollout-max-response-len")
+    _check_eval_sampling(args)
     _derive_batch_sizes(args)
     _check_corrections(args)
     _check_kl(args)
@@ -236,6 +240,19 @@ def _check_estimator_requirements(args) -> None:
             f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages (REINFORCE++ "
             "whitens its returns over the batch). Add --normalize-advantages."
         )
+
+
+def _check_eval_sampling(args) -> None:
+    """Top-p / top-k are refused, not ignored: the engines sample from the whole tempered softmax, the distribution
+    whose log-probs the trainer defines, and have no truncation to apply."""
+    for flag, value, no_op in (("--eval-top-p", args.eval_top_p, 1.0), ("--eval-top-k", args.eval_top_k, -1)):
+        if value is not None and value != no_op:
+            raise MilesConfigError(
+                f"{flag} is {value}, but miles' rollout engines sample from the whole softmax at the temperature "
+                f"(the distribution the trainer's log-probs are defined on) and support no top-p or top-k "
+                f"truncation, so the evaluation would not be the one asked for. Drop {flag} (or pass {no_op}), and "
+                "use --eval-temperature to sharpen the evaluation."
+            )
 
 
 def _check_checkpointing(args) -> None:

@@ -123,6 +123,11 @@ FLAG_RULES: dict[str, Range] = {
     "rollout_max_response_len": AT_LEAST_ONE,
     "rollout_seed": SEED,
     "rollout_num_engines": AT_LEAST_ONE,
+    "n_samples_per_eval_prompt": AT_LEAST_ONE,
+    "eval_temperature": Range(low=0, low_open=True, example="1.0"),
+    "eval_max_response_len": AT_LEAST_ONE,
+    "eval_top_p": Range(low=0, high=1, low_open=True, example="1.0"),
+    "eval_top_k": Range(low=-1, example="-1", why="-1 means no top-k"),
     # checkpoints and logging
     "save_interval": AT_LEAST_ONE,
     "eval_interval": Range(low=0, example="25", why="0 disables evaluation"),

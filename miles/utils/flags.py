@@ -25,6 +25,8 @@ UPSTREAM_DEFAULT_DEPARTURES = {
     "--input-key": ("prompt", "input", "the embedded data's key"),
     "--label-key": ("label", "none", "the embedded data's key"),
     "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
+    "--n-samples-per-eval-prompt": ("--n-samples-per-prompt", "1", "the embedded default's eval accuracy (README, "
+                                    "docs) is measured over a group per prompt"),
     "--lr-decay-style": ("constant", "linear", "the embedded default's numbers (README, docs) were measured at a "
                          "constant rate"),
     "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
@@ -311,6 +313,27 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompt data each epoch.")
     group.add_argument(
         "--rollout-num-engines", type=int, default=1, help="Torch rollout engines (one CPU bundle each). (default: %(default)s)"
+    )
+    group.add_argument(
+        "--n-samples-per-eval-prompt", type=int, default=None,
+        help="Responses sampled per held-out prompt. (default: --n-samples-per-prompt)",
+    )
+    group.add_argument(
+        "--eval-temperature", type=float, default=None, help="Sampling temperature of evaluation. (default: --rollout-temperature)"
+    )
+    group.add_argument(
+        "--eval-max-response-len", type=int, default=None,
+        help="Most new tokens per evaluation response. (default: --rollout-max-response-len)",
+    )
+    group.add_argument(
+        "--eval-top-p", type=float, default=None,
+        help="Not supported: the torch engine samples from the whole tempered softmax (only 1.0 is accepted). "
+        "(default: off)",
+    )
+    group.add_argument(
+        "--eval-top-k", type=int, default=None,
+        help="Not supported: the torch engine samples from the whole tempered softmax (only -1 is accepted). "
+        "(default: off)",
     )
     group.add_argument("--rm-type", default="math_exact", help="Built-in rule reward. (default: %(default)s)")
     group.add_argument(
