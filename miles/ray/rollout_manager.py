@@ -82,11 +82,12 @@ class RolloutManager:
             costs = ray.get([engine.push_perf.remote() for engine in self.engines])
             self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}
 
-    def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int) -> list[Sample]:
+    def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
+                temperature: float, max_response_len: int) -> list[Sample]:
         shares = _split(prompts, len(self.engines))
         futures = [
             engine.generate.remote(
-                share, n_samples, self.args.rollout_temperature, self.args.rollout_max_response_len,
+                share, n_samples, temperature, max_response_len,
                 rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, index),
             )
             for index, (engine, share) in enumerate(zip(self.engines, shares, strict=True))
@@ -106,7 +107,8 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> tuple[RolloutBatch, dict[str, float]]:
         start = time.perf_counter()
-        samples = self._sample(self.data_source.get_prompts(rollout_id), self.args.n_samples_per_prompt, rollout_id, 0)
+        samples = self._sample(self.data_source.get_prompts(rollout_id), self.args.n_samples_per_prompt, rollout_id, 0,
+                               self.args.rollout_temperature, self.args.rollout_max_response_len)
         rewards = [sample.reward for sample in samples]
         metrics = {
             "rollout/reward_mean": sum(rewards) / len(rewards),
@@ -121,12 +123,17 @@ class RolloutManager:
         return RolloutBatch(rollout_id, samples), metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Mean reward over the held-out prompts, --n-samples-per-prompt samples each at the rollout temperature
-        (the sampled accuracy for 0/1 rule rewards), seeded apart from the training rollouts."""
+        """Mean reward over the held-out prompts (the sampled accuracy for 0/1 rule rewards), with
+        --n-samples-per-eval-prompt samples each at --eval-temperature, at most --eval-max-response-len tokens
+        (miles_validate_args filled the unset ones from the rollout's), seeded apart from the training rollouts."""
         if not self.eval_prompts:
             return {}
-        samples = self._sample(self.eval_prompts, self.args.n_samples_per_prompt, rollout_id, seed_offset=1)
-        return {"eval/accuracy": sum(sample.reward for sample in samples) / len(samples)}
+        samples = self._sample(self.eval_prompts, self.args.n_samples_per_eval_prompt, rollout_id, seed_offset=1,
+                               temperature=self.args.eval_temperature,
+                               max_response_len=self.args.eval_max_response_len)
+        return {"eval/accuracy": sum(sample.reward for sample in samples) / len(samples),
+                "eval/num_samples": len(samples),
+                "eval/response_length_mean": sum(sample.response_length for sample in samples) / len(samples)}
 
 
 def create_rollout_manager(args, placement: Placement):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import ray
 
 from miles.backends.training_utils import checkpoint
+from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
 from miles.guard import off_policy
 from miles.ranks.layout import train_layouts
@@ -27,6 +28,7 @@ from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
 from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summary
 from miles.tracking.plot import plot_run
+from miles.tracking.wandb_run import WandbSettings
 from miles.utils.errors import MilesRunError, ProcessDiedError, RunInterrupted
 from miles.utils.preflight import check_rollouts_left, preflight
 from miles.utils.stop_signals import StopRequest
@@ -297,6 +299,7 @@ def _derive_num_rollout(args, num_prompts: int) -> None:
         args.num_rollout = math.ceil(args.num_epoch * num_prompts / args.rollout_batch_size)
         logger.info("derived num_rollout = %d (from --num-epoch %d over %d prompts)",
                     args.num_rollout, args.num_epoch, num_prompts)
+        check_lr_schedules(args)  # the schedule's length is the run's, known only now
 
 
 @contextlib.contextmanager
@@ -320,7 +323,7 @@ def training_run(args, driver: str):
                 ray.get(critic.init.remote())
             get_in_order(push_weights(rollout_manager, actor, start_rollout_id, after_training=False))
             with MetricsTracker(args.log_dir, args.use_tensorboard, args.num_rollout, start_rollout_id,
-                                vars(args), driver) as tracker:
+                                vars(args), driver, wandb=WandbSettings.from_args(args)) as tracker:
                 run = TrainingRun(args, rollout_manager, actor, critic, tracker, start_rollout_id, stop_request)
                 try:
                     yield run

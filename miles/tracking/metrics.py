@@ -5,6 +5,8 @@ A run folder holds::
     config.json     the flags of the run (JSON-safe)
     metrics.jsonl   one line per rollout: {"rollout_id": k, "time": <unix seconds>, **metrics}
     tb/             TensorBoard events, step = rollout id (only with use_tensorboard)
+    wandb/          with --use-wandb: the wandb run's files (offline-run-* without a key), the same numbers,
+                    step = rollout id, unless --wandb-dir puts them elsewhere (``wandb_run.py``)
     summary.json    what ``MetricsTracker.close`` returns
 
 Metric names are slash-grouped (``rollout/reward_mean``, ``eval/accuracy``, ``train/pg_loss``,
@@ -31,6 +33,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from miles.tracking.wandb_run import WandbRun, WandbSettings
 from miles.utils.errors import MilesConfigError
 
 CONFIG_FILENAME = "config.json"
@@ -38,6 +41,7 @@ METRICS_FILENAME = "metrics.jsonl"
 SUMMARY_FILENAME = "summary.json"
 TENSORBOARD_SUBDIR = "tb"
 RESERVED_KEYS = ("rollout_id", "time")
+SECRET_CONFIG_KEYS = ("wandb_key",)
 
 REWARD_MEAN_KEY = "rollout/reward_mean"
 NUM_SAMPLES_KEY = "rollout/num_samples"
@@ -148,6 +152,7 @@ class MetricsTracker:
         driver: str,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wandb: WandbSettings | None = None,
     ):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -156,11 +161,14 @@ class MetricsTracker:
         self._start_time = clock()
         self._last_log_time: float | None = None
         self._summary: dict | None = None
+        config = {name: ("<redacted>" if name in SECRET_CONFIG_KEYS and value else value)
+                  for name, value in config.items()}  # config.json and the wandb config never hold a key
         config_text = json.dumps(to_json_safe(config), indent=2, allow_nan=False)
         (self.log_dir / CONFIG_FILENAME).write_text(config_text)
         self._tb_writer = self._open_tensorboard(start_rollout_id) if use_tensorboard else None
         if self._tb_writer is not None:
             self._tb_writer.add_text("config", f"```\n{config_text}\n```")  # markdown code block in TB's Text tab
+        self._wandb = WandbRun.start(wandb, self.log_dir, to_json_safe(config)) if wandb is not None else None
         self._metrics_file = self.metrics_path.open("a", encoding="utf-8")
         self._bar = tqdm(
             total=total_rollouts, initial=start_rollout_id, desc=driver, unit="rollout", dynamic_ncols=True
@@ -202,10 +210,12 @@ class MetricsTracker:
         record = {"rollout_id": int(rollout_id), "time": time.time(), **plain_metrics}
         self._metrics_file.write(json.dumps(to_json_safe(record), allow_nan=False) + "\n")
         self._metrics_file.flush()  # a crash loses at most the rollout being written
+        numbers = {name: float(value) for name, value in plain_metrics.items() if is_number(value)}
         if self._tb_writer is not None:
-            for name, value in plain_metrics.items():
-                if is_number(value):
-                    self._tb_writer.add_scalar(name, float(value), global_step=int(rollout_id))
+            for name, value in numbers.items():
+                self._tb_writer.add_scalar(name, value, global_step=int(rollout_id))
+        if self._wandb is not None:
+            self._wandb.log(int(rollout_id), numbers)
         self._accumulate(plain_metrics)
         now = self._clock()
         samples_per_s = self._throughput(plain_metrics.get(NUM_SAMPLES_KEY), now)
@@ -243,7 +253,8 @@ class MetricsTracker:
         self._bar.update(max(0, int(rollout_id) + 1 - self._bar.n))
 
     def close(self) -> dict:
-        """Close the bar, the JSONL file and the TensorBoard writer; write and return the summary (idempotent)."""
+        """Close the bar, the JSONL file, the TensorBoard writer and the wandb run; write and return the summary
+        (idempotent)."""
         if self._summary is not None:
             return self._summary
         self._summary = self._build_summary()
@@ -252,6 +263,8 @@ class MetricsTracker:
             self._metrics_file.close()
             if self._tb_writer is not None:
                 self._tb_writer.close()
+            if self._wandb is not None:
+                self._wandb.finish()
         finally:
             summary_text = json.dumps(to_json_safe(self._summary), indent=2, allow_nan=False)
             (self.log_dir / SUMMARY_FILENAME).write_text(summary_text)

@@ -12,6 +12,7 @@ as much as starting Python.
 import argparse
 import sys
 
+from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.ranks.layout import check_rank_layout
 from miles.rollout.sglang_words import split_sglang_words
 from miles.utils import flags
@@ -104,6 +105,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_algorithm_arguments(parser)
         flags.add_off_policy_arguments(parser)
         flags.add_loop_arguments(parser)
+        flags.add_optimizer_arguments(parser)
         flags.add_backend_arguments(parser)
         flags.add_parallel_arguments(parser)
         flags.add_rollout_arguments(parser)
@@ -151,6 +153,10 @@ def miles_validate_args(args) -> None:
     _fill(args, "critic_save", args.save, "--save")
     _fill(args, "critic_num_nodes", args.actor_num_nodes, "--actor-num-nodes")
     _fill(args, "critic_num_gpus_per_node", args.actor_num_gpus_per_node, "--actor-num-gpus-per-node")
+    _fill(args, "n_samples_per_eval_prompt", args.n_samples_per_prompt, "--n-samples-per-prompt")
+    _fill(args, "eval_temperature", args.rollout_temperature, "--rollout-temperature")
+    _fill(args, "eval_max_response_len", args.rollout_max_response_len, "--rollout-max-response-len")
+    _check_eval_sampling(args)
     _derive_batch_sizes(args)
     _check_corrections(args)
     _check_kl(args)
@@ -158,6 +164,10 @@ def miles_validate_args(args) -> None:
     _check_checkpointing(args)
     _check_rollout_backend(args)
     check_rank_layout(args)
+    # Last: it reads --num-rollout, which miles-check may not know. With --num-epoch, --num-rollout is derived from
+    # the data, and the schedule is checked then (miles.ray.run).
+    if args.num_epoch is None:
+        check_lr_schedules(args)
 
 
 def _derive(args, name: str, value, reason: str) -> None:
@@ -247,6 +257,19 @@ def _check_rollout_backend(args) -> None:
             f"{words[0]} is an SGLang server argument, but --rollout-backend is {args.rollout_backend!r}, whose "
             "engines would ignore it. Add --rollout-backend sglang, or drop the --sglang-* flags."
         )
+
+
+def _check_eval_sampling(args) -> None:
+    """Top-p / top-k are refused, not ignored: the engines sample from the whole tempered softmax, the distribution
+    whose log-probs the trainer defines, and have no truncation to apply."""
+    for flag, value, no_op in (("--eval-top-p", args.eval_top_p, 1.0), ("--eval-top-k", args.eval_top_k, -1)):
+        if value is not None and value != no_op:
+            raise MilesConfigError(
+                f"{flag} is {value}, but miles' rollout engines sample from the whole softmax at the temperature "
+                f"(the distribution the trainer's log-probs are defined on) and support no top-p or top-k "
+                f"truncation, so the evaluation would not be the one asked for. Drop {flag} (or pass {no_op}), and "
+                "use --eval-temperature to sharpen the evaluation."
+            )
 
 
 def _check_checkpointing(args) -> None:

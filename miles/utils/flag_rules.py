@@ -96,6 +96,20 @@ FLAG_RULES: dict[str, Range] = {
     "critic_lr": Range(low=0, example="3e-4", why="0 freezes the critic; Adam refuses a negative rate"),
     "clip_grad": Range(low=0, low_open=True, allow_inf=True, example="1.0",
                        why="the gradient norm is scaled down to it; inf means no clipping"),
+    # optimizer and learning-rate schedule
+    "weight_decay": Range(low=0, example="0.01", why="a negative decay grows the weights"),
+    "adam_beta1": Range(low=0, high=1, high_open=True, example="0.9", why="Adam's moment averages need 0 <= beta < 1"),
+    "adam_beta2": Range(low=0, high=1, high_open=True, example="0.999",
+                        why="Adam's moment averages need 0 <= beta < 1"),
+    "adam_eps": Range(low=0, low_open=True, example="1e-8", why="it keeps Adam's denominator away from 0"),
+    "sgd_momentum": Range(low=0, high=1, high_open=True, example="0.9"),
+    "lr_decay_iters": AT_LEAST_ONE,
+    "lr_warmup_iters": NON_NEGATIVE,
+    "lr_warmup_fraction": Range(low=0, high=1, high_open=True, example="0.1",
+                                why="the warm-up must end before the decay does"),
+    "lr_warmup_init": Range(low=0, example="0"),
+    "min_lr": Range(low=0, example="0"),
+    "critic_lr_warmup_iters": NON_NEGATIVE,
     # train ranks (docs/ranks.md)
     "actor_num_nodes": AT_LEAST_ONE,
     "actor_num_gpus_per_node": AT_LEAST_ONE,
@@ -111,6 +125,11 @@ FLAG_RULES: dict[str, Range] = {
     "rollout_num_engines": AT_LEAST_ONE,
     "rollout_engine_start_timeout": Range(low=0, low_open=True, example="600",
                                           why="seconds an SGLang engine may take to start (about 30 here)"),
+    "n_samples_per_eval_prompt": AT_LEAST_ONE,
+    "eval_temperature": Range(low=0, low_open=True, example="1.0"),
+    "eval_max_response_len": AT_LEAST_ONE,
+    "eval_top_p": Range(low=0, high=1, low_open=True, example="1.0"),
+    "eval_top_k": Range(low=-1, example="-1", why="-1 means no top-k"),
     # checkpoints and logging
     "save_interval": AT_LEAST_ONE,
     "eval_interval": Range(low=0, example="25", why="0 disables evaluation"),
@@ -119,7 +138,7 @@ FLAG_RULES: dict[str, Range] = {
 
 # Flags that name a file or folder: an empty string would mean the current folder (or nothing at all).
 PATH_FLAGS = ("hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "load", "critic_load", "save",
-              "critic_save", "log_dir")
+              "critic_save", "log_dir", "wandb_dir")
 
 
 def flag_name(dest: str) -> str:

@@ -27,6 +27,10 @@ UPSTREAM_DEFAULT_DEPARTURES = {
     "--input-key": ("prompt", "input", "the embedded data's key"),
     "--label-key": ("label", "none", "the embedded data's key"),
     "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
+    "--n-samples-per-eval-prompt": ("--n-samples-per-prompt", "1", "the embedded default's eval accuracy (README, "
+                                    "docs) is measured over a group per prompt"),
+    "--lr-decay-style": ("constant", "linear", "the embedded default's numbers (README, docs) were measured at a "
+                         "constant rate"),
     "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
     "--rollout-backend": ("torch", "sglang (its only engine)", "the embedded default's one-minute run needs no "
                           "SGLang install; --rollout-backend sglang runs SGLang, docs/sglang.md"),
@@ -76,8 +80,10 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--disable-grpo-std-normalization",
-        action="store_true",
-        help="GRPO/GSPO: subtract the group mean only, do not divide by the group std.",
+        action="store_false",
+        dest="grpo_std_normalization",
+        help="GRPO/GSPO: subtract the group mean only, do not divide by the group std (upstream's dest: "
+        "args.grpo_std_normalization, True unless this flag is given).",
     )
     group.add_argument(
         "--num-critic-only-steps",
@@ -194,9 +200,55 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         help="Stop cleanly after training this rollout id (for debugging). (default: off)",
     )
     group.add_argument("--seed", type=int, default=1234, help="Training seed. (default: %(default)s)")
-    group.add_argument("--lr", type=float, default=3e-4, help="Actor learning rate (Adam). (default: %(default)s)")
-    group.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate. (default: --lr)")
+    group.add_argument(
+        "--lr", type=float, default=3e-4,
+        help="Actor learning rate: the schedule's peak (see --lr-decay-style). (default: %(default)s)",
+    )
+    group.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate (peak). (default: --lr)")
     group.add_argument("--clip-grad", type=float, default=1.0, help="Gradient-norm clip. (default: %(default)s)")
+
+
+def add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron's optimizer and learning-rate schedule flags, with Megatron's defaults (docs/training.md)."""
+    group = parser.add_argument_group(
+        "optimizer and learning-rate schedule",
+        "An iteration is one optimizer step, counted over the whole run (across rollouts and resumes); the run has "
+        "--num-rollout x --num-steps-per-rollout of them. The critic follows the same schedule with --critic-lr "
+        "and --critic-lr-warmup-iters.",
+    )
+    group.add_argument(
+        "--optimizer", choices=["adam", "sgd"], default="adam",
+        help="'adam': Adam with decoupled weight decay (AdamW, as Megatron's); 'sgd': SGD with momentum and L2 "
+        "weight decay. Biases and 1-D parameters get no weight decay. (default: %(default)s)",
+    )
+    group.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient. (default: %(default)s)")
+    group.add_argument("--adam-beta1", type=float, default=0.9, help="Adam's beta1. (default: %(default)s)")
+    group.add_argument("--adam-beta2", type=float, default=0.999, help="Adam's beta2. (default: %(default)s)")
+    group.add_argument("--adam-eps", type=float, default=1e-8, help="Adam's epsilon. (default: %(default)s)")
+    group.add_argument("--sgd-momentum", type=float, default=0.9, help="SGD momentum. (default: %(default)s)")
+    group.add_argument(
+        "--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root"], default="constant",
+        help="Decay of the learning rate after the warm-up, from --lr to --min-lr over --lr-decay-iters. "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--lr-decay-iters", type=int, default=None,
+        help="Iterations to decay over. (default: the run's, --num-rollout x --num-steps-per-rollout)",
+    )
+    group.add_argument(
+        "--lr-warmup-iters", type=int, default=0,
+        help="Iterations of linear warm-up from --lr-warmup-init to --lr. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--lr-warmup-fraction", type=float, default=None,
+        help="Warm-up as a fraction of --lr-decay-iters, instead of --lr-warmup-iters. (default: off)",
+    )
+    group.add_argument("--lr-warmup-init", type=float, default=0.0, help="Learning rate the warm-up starts from. (default: %(default)s)")
+    group.add_argument("--min-lr", type=float, default=0.0, help="Learning rate the decay ends at. (default: %(default)s)")
+    group.add_argument(
+        "--critic-lr-warmup-iters", type=int, default=0,
+        help="Iterations of the critic's linear warm-up. (default: %(default)s)",
+    )
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +333,27 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="Seconds each SGLang engine may take to start before the run fails naming it. (default: %(default)s)",
     )
+    group.add_argument(
+        "--n-samples-per-eval-prompt", type=int, default=None,
+        help="Responses sampled per held-out prompt. (default: --n-samples-per-prompt)",
+    )
+    group.add_argument(
+        "--eval-temperature", type=float, default=None, help="Sampling temperature of evaluation. (default: --rollout-temperature)"
+    )
+    group.add_argument(
+        "--eval-max-response-len", type=int, default=None,
+        help="Most new tokens per evaluation response. (default: --rollout-max-response-len)",
+    )
+    group.add_argument(
+        "--eval-top-p", type=float, default=None,
+        help="Not supported: the torch engine samples from the whole tempered softmax (only 1.0 is accepted). "
+        "(default: off)",
+    )
+    group.add_argument(
+        "--eval-top-k", type=int, default=None,
+        help="Not supported: the torch engine samples from the whole tempered softmax (only -1 is accepted). "
+        "(default: off)",
+    )
     group.add_argument("--rm-type", default="math_exact", help="Built-in rule reward. (default: %(default)s)")
     group.add_argument(
         "--custom-rm-path",
@@ -321,6 +394,26 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
         action=argparse.BooleanOptionalAction,
         default=True,
         help="Write TensorBoard events beside metrics.jsonl. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--use-wandb", action="store_true",
+        help="Log the metrics to Weights & Biases too: online with a key (--wandb-key or $WANDB_API_KEY), else "
+        "offline into the run folder (upload later with 'wandb sync RUN_DIR/wandb/offline-run-*'). Never stops a run.",
+    )
+    group.add_argument("--wandb-project", default=None, help="wandb project. (default: wandb's)")
+    group.add_argument("--wandb-group", default=None, help="wandb group; also the run's name. (default: none)")
+    group.add_argument("--wandb-team", default=None, help="wandb entity (team or user). (default: the key's)")
+    group.add_argument("--wandb-key", default=None, help="wandb API key; without one the run logs offline. (default: $WANDB_API_KEY)")
+    group.add_argument("--wandb-host", default=None, help="wandb server URL. (default: wandb's)")
+    group.add_argument(
+        "--wandb-mode", choices=["online", "offline", "disabled"], default=None,
+        help="wandb mode, over $WANDB_MODE. (default: online with a key, else offline)",
+    )
+    group.add_argument("--wandb-dir", default=None, help="Folder of the wandb files. (default: the run folder)")
+    group.add_argument("--wandb-run-id", default=None, help="Resume (or create) this wandb run id. (default: a new run)")
+    group.add_argument(
+        "--disable-wandb-random-suffix", action="store_false", dest="wandb_random_suffix",
+        help="Do not add upstream's random 6-character suffix to the wandb group and run name.",
     )
     group.add_argument(
         "--ray-address", default=None, help="Join this Ray cluster (or $RAY_ADDRESS). (default: start a local one)"

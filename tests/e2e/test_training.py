@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 
@@ -81,12 +82,18 @@ def test_reward_clearly_goes_up(make_args, estimator, extra):
 
 
 def test_sync_loop_options_colocate_eval_critic_only_and_debug_exit(make_args):
-    records = run_sync(make_args("--advantage-estimator", "ppo", "--colocate", "--eval-interval", "2",
-                                 "--num-critic-only-steps", "1", "--debug-exit-after-rollout", "2"))
+    args = make_args("--advantage-estimator", "ppo", "--colocate", "--eval-interval", "2",
+                     "--num-critic-only-steps", "1", "--debug-exit-after-rollout", "2",
+                     "--n-samples-per-eval-prompt", "2", "--eval-temperature", "0.5", "--eval-max-response-len", "1")
+    records = run_sync(args)
     assert column(records, "rollout_id") == [0, 1, 2]  # stopped after rollout 2 of 4
     assert "train/pg_loss" not in records[0] and "critic/value_loss" in records[0]  # critic-only first rollout
     assert "train/pg_loss" in records[1]
     assert [("eval/accuracy" in record) for record in records] == [False, True, False]
+    num_eval_prompts = len(Path(args.eval_prompt_data).read_text().splitlines())
+    assert records[1]["eval/num_samples"] == 2 * num_eval_prompts  # --n-samples-per-eval-prompt 2
+    assert records[1]["eval/response_length_mean"] == 1  # --eval-max-response-len 1: every answer is cut at 1
+    assert records[1]["rollout/response_length_mean"] > 1  # the training rollouts keep their 3
 
 
 def test_num_epoch_sets_the_number_of_rollouts(make_args):

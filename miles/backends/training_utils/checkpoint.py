@@ -127,6 +127,25 @@ def check_same_tensor_parallel_size(trainer_state: dict, role_dir: Path, tensor_
         )
 
 
+def check_same_optimizer(trainer_state: dict, role_dir: Path, optimizer_name: str, num_param_groups: int) -> None:
+    """The optimizer state is per parameter group (decay, no_decay) of one ``--optimizer``; a checkpoint of another
+    optimizer, or one saved before the schedule's position was (a single Adam group), cannot be resumed exactly."""
+    saved = trainer_state.get("optimizer_name")
+    groups = len(trainer_state["optimizer"]["param_groups"])
+    if saved is None or "optimizer_steps" not in trainer_state or groups != num_param_groups:
+        raise MilesConfigError(
+            f"--load: {role_dir} was saved before miles kept the optimizer's parameter groups and the learning-rate "
+            f"schedule's position, so the run cannot resume it exactly. Start a new run from its weights (the "
+            f"optimizer and schedule start afresh): --hf-checkpoint {role_dir} without --load."
+        )
+    if saved != optimizer_name:
+        raise MilesConfigError(
+            f"--load: {role_dir} was saved with --optimizer {saved}, whose state this run's optimizer cannot take. "
+            f"Resume with --optimizer {saved}, or start a new run from its weights: --hf-checkpoint {role_dir} "
+            "without --load."
+        )
+
+
 def _copy_tokenizer_files(source: Path, target: Path) -> None:
     for pattern in TOKENIZER_FILE_PATTERNS:
         for path in source.glob(pattern):

@@ -28,6 +28,8 @@ from miles.backends.training_utils.loss import (
     step_divisor,
     value_loss,
 )
+from miles.backends.training_utils.lr_schedule import learning_rate, schedule_for_role
+from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, set_learning_rate
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
 from miles.guard import off_policy
@@ -58,6 +60,7 @@ def run_optimizer_steps(
     micro_batch_loss: Callable[[list[int], float], tuple[torch.Tensor, dict[str, float]]],
     where: str = "training",
     data_parallel: SingleRank = SINGLE_RANK,
+    learning_rate: Callable[[int], float] | None = None,
 ) -> dict[str, float]:
     """Optimizer steps over consecutive global batches of sample indices, accumulating micro-batch gradients.
 
@@ -67,12 +70,16 @@ def run_optimizer_steps(
     this rank its slice of each step and sums gradients and metric totals over the ranks
     (``miles.ranks.data_parallel``), so every rank takes the single-process step and reports its metrics. A
     non-finite loss or gradient norm raises ``DivergenceError`` (naming ``where``) before its step is applied.
+    ``learning_rate(s)``, when given, is the rate of this call's step ``s`` (from 0); metric ``lr`` is the rate of
+    the last step.
     """
     num_samples = len(loss_masks)
     totals: dict[str, float] = {}
     grad_norms = []
     for step_start in range(0, num_samples, global_batch_size):
         step = list(range(step_start, min(step_start + global_batch_size, num_samples)))
+        if learning_rate is not None:
+            set_learning_rate(optimizer, learning_rate(len(grad_norms)))
         divisor = step_divisor([loss_masks[i] for i in step], per_token)
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
@@ -91,19 +98,23 @@ def run_optimizer_steps(
     totals = data_parallel.sum_totals(totals)
     averaged = {name: total / num_samples for name, total in totals.items()}
     averaged["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    averaged["lr"] = optimizer.param_groups[0]["lr"]
     return averaged
 
 
 class _TrainProcess:
-    """What the actor and the critic share: threads, seeding, optimizer steps, checkpoints."""
+    """What the actor and the critic share: threads, seeding, optimizer steps and schedule, checkpoints."""
 
     role = ""
 
-    def __init__(self, args, model: TrainModel, lr: float) -> None:
+    def __init__(self, args, model: TrainModel) -> None:
         self.args = args
         self.model = model
         self.model.module.train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.schedule = schedule_for_role(args, self.role)
+        self.optimizer = build_optimizer(self.model.module.named_parameters(), OptimizerConfig.from_args(args),
+                                         self.schedule.max_lr)
+        self.optimizer_steps = 0  # iterations so far, over the whole run (lr_schedule's module docstring)
         self.trained_rollout: int | None = None  # the rollout whose training the live weights hold; None part-way
         # asked once the model (and its process groups) exist
         self.data_parallel = data_parallel_rank(args.tensor_model_parallel_size)
@@ -120,12 +131,14 @@ class _TrainProcess:
                 self.model.clip_grad_norm, self.optimizer, loss_masks, self.args.global_batch_size,
                 self.args.micro_batch_size, self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
                 where=f"rollout {rollout_id}, {self.role}", data_parallel=self.data_parallel,
+                learning_rate=lambda step: learning_rate(self.optimizer_steps + step, self.schedule),
             )
         except DivergenceError as error:
             if not error.weights_changed:
                 self.trained_rollout = previous
             raise
         self.trained_rollout = rollout_id
+        self.optimizer_steps += math.ceil(len(loss_masks) / self.args.global_batch_size)
         return metrics
 
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str | None:
@@ -142,6 +155,8 @@ class _TrainProcess:
             "rollout_id": rollout_id,
             "train_backend": self.args.train_backend,  # the optimizer state is laid out for its parameters
             "optimizer": optimizers[0],
+            "optimizer_name": self.args.optimizer,
+            "optimizer_steps": self.optimizer_steps,  # the schedule's position: a resume continues it exactly
             "tensor_model_parallel_size": len(optimizers),
             **({"tensor_parallel_optimizers": optimizers} if len(optimizers) > 1 else {}),
             "torch_rng": torch.get_rng_state(),
@@ -160,7 +175,9 @@ class _TrainProcess:
         checkpoint.check_same_train_backend(state, role_dir, self.args.train_backend)
         checkpoint.check_same_tensor_parallel_size(state, role_dir, self.args.tensor_model_parallel_size)
         optimizers = state.get("tensor_parallel_optimizers", [state["optimizer"]])
+        checkpoint.check_same_optimizer(state, role_dir, self.args.optimizer, len(self.optimizer.param_groups))
         self.optimizer.load_state_dict(optimizers[self.model.tensor_parallel_rank])
+        self.optimizer_steps = state["optimizer_steps"]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         return state
@@ -199,7 +216,7 @@ class PolicyTrainer(_TrainProcess):
 
     def __init__(self, args, num_threads: int = 1) -> None:
         folder = _load_dir(args.load, "actor", args.hf_checkpoint)
-        super().__init__(args, _load_role_model(args, "actor", folder, args.seed, num_threads), args.lr)
+        super().__init__(args, _load_role_model(args, "actor", folder, args.seed, num_threads))
         self.loss_config = LossConfig.from_args(args)
         self.ref_model = self._load_ref_model(args)
         self.snapshots = WeightSnapshotStore() if args.keep_old_actor else None
@@ -320,7 +337,7 @@ class PolicyTrainer(_TrainProcess):
         advantages, _ = compute_advantages_and_returns(
             self.args.advantage_estimator, [sample.reward for sample in samples], loss_masks, values,
             group_size=self.args.n_samples_per_prompt, gamma=self.args.gamma, lambd=self.args.lambd,
-            std_normalization=not self.args.disable_grpo_std_normalization,
+            std_normalization=self.args.grpo_std_normalization,
             normalize=self.args.normalize_advantages, kl=kl, kl_coef=self.args.kl_coef,
         )
         return advantages
@@ -411,7 +428,7 @@ class ValueTrainer(_TrainProcess):
 
     def __init__(self, args, num_threads: int = 1) -> None:
         folder = _load_dir(args.critic_load, "critic", args.hf_checkpoint)
-        super().__init__(args, _load_role_model(args, "critic", folder, args.seed + 1, num_threads), args.critic_lr)
+        super().__init__(args, _load_role_model(args, "critic", folder, args.seed + 1, num_threads))
         self.loss_config = LossConfig.from_args(args)
 
     def init(self) -> None:

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from miles.backends.training_utils.checkpoint import (
+    check_same_optimizer,
     LATEST_FILE,
     check_same_train_backend,
     latest_rollout_id,
@@ -160,3 +161,13 @@ def test_a_save_prints_no_progress_bar_and_leaves_transformers_bars_as_they_were
     save_role(str(tmp_path), 0, "actor", _tiny_model(0), _trainer_state(0), None)
     assert "Writing" not in capfd.readouterr().err  # transformers' "Writing model shards" bar
     assert transformers_logging.is_progress_bar_enabled()
+
+
+def test_a_checkpoint_without_the_schedules_position_or_of_another_optimizer_is_refused(tmp_path):
+    state = {"optimizer": {"param_groups": [{}, {}]}, "optimizer_name": "adam", "optimizer_steps": 6}
+    check_same_optimizer(state, tmp_path, "adam", 2)
+    old = {"optimizer": {"param_groups": [{}]}}  # before the schedule: one Adam group, no step count
+    with pytest.raises(MilesConfigError, match="cannot resume it exactly.*--hf-checkpoint"):
+        check_same_optimizer(old, tmp_path, "adam", 2)
+    with pytest.raises(MilesConfigError, match="saved with --optimizer adam.*Resume with --optimizer adam"):
+        check_same_optimizer(state, tmp_path, "sgd", 2)

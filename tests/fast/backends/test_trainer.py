@@ -3,13 +3,13 @@ linear model, and ``PolicyTrainer`` in-process on the embedded default with a re
 
 import copy
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from miles.backends.training_utils.train_model import TrainModel
 from miles.backends.training_utils.train_process import _TrainProcess, run_optimizer_steps
+from miles.utils.arguments import parse_args
 from miles.utils.errors import DivergenceError, OffPolicyGuardError
 from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, train_on, weights
 
@@ -194,9 +194,8 @@ def _reference_after_one_step(clip_grad: float) -> torch.nn.Module:
 def test_a_train_process_knows_which_rollout_its_weights_hold(first_bad_sample, still_holds):
     """What a save on a stop relies on: 3 before rollout 4; kept when rollout 4 diverged before changing weights."""
     features, targets, masks = _toy_data()
-    args = SimpleNamespace(global_batch_size=4, micro_batch_size=4, calculate_per_token_loss=False, clip_grad=1.0,
-                           tensor_model_parallel_size=1)
-    process = _TrainProcess(args, TrainModel(_toy_model()), lr=LR)
+    args = parse_args(argv=["--global-batch-size", "4", "--micro-batch-size", "4", "--lr", str(LR)])
+    process = _TrainProcess(args, TrainModel(_toy_model()))
     process.trained_rollout = 3
 
     def micro_batch_loss(indices, divisor):

@@ -404,9 +404,9 @@ class TestCheckLaunch:
 
     def test_unknown_flags_are_grouped_with_their_values(self):
         verdict = check_launch(["--context-parallel-size", "2", "--sequence-parallel", "--use-tis",
-                                "--adam-eps", "-1e-8", "--advantage-estimator", "ppo"])
+                                "--init-method-std", "-0.02", "--advantage-estimator", "ppo"])
         assert verdict.status == "OK"
-        assert verdict.ignored == ["--context-parallel-size 2", "--sequence-parallel", "--adam-eps -1e-8"]
+        assert verdict.ignored == ["--context-parallel-size 2", "--sequence-parallel", "--init-method-std -0.02"]
 
 
 class TestUnresolvedWords:

@@ -98,6 +98,18 @@ class TestDerivedValues:
         for name in ["use_critic", "eps_clip_high", "critic_lr", "critic_save", "global_batch_size"]:
             assert name in derived
 
+    def test_evaluation_samples_like_the_rollouts_unless_told_otherwise(self):
+        args = parse_args(argv=["--n-samples-per-prompt", "4", "--rollout-temperature", "0.8"])
+        assert (args.n_samples_per_eval_prompt, args.eval_temperature, args.eval_max_response_len) == (4, 0.8, 3)
+        args = parse_args(argv=["--n-samples-per-eval-prompt", "1", "--eval-temperature", "0.5",
+                                "--eval-max-response-len", "2", "--eval-top-p", "1.0", "--eval-top-k", "-1"])
+        assert (args.n_samples_per_eval_prompt, args.eval_temperature, args.eval_max_response_len) == (1, 0.5, 2)
+
+    @pytest.mark.parametrize(("flag", "value"), [("--eval-top-p", "0.9"), ("--eval-top-k", "20")])
+    def test_eval_top_p_and_top_k_are_refused_with_the_reason(self, flag, value):
+        with pytest.raises(MilesConfigError, match=f"{flag} is {value}.*no top-p or top-k truncation.*Drop {flag}"):
+            parse_args(argv=[flag, value])
+
     def test_user_values_are_never_rewritten(self):
         args = parse_args(argv=["--eps-clip-high", "0.28", "--critic-lr", "1e-5", "--global-batch-size", "32"])
         assert args.eps_clip_high == 0.28
@@ -182,6 +194,12 @@ class TestParser:
         out = capsys.readouterr().out
         assert "depart from upstream" in out and "--lr 3e-4 (upstream: 1e-6)" in out
 
+    def test_disable_grpo_std_normalization_has_upstreams_action_and_dest(self):
+        # Upstream: store_false into grpo_std_normalization, so a custom function written for upstream reads it.
+        assert parse_args(argv=[]).grpo_std_normalization is True
+        args = parse_args(argv=["--disable-grpo-std-normalization"])
+        assert args.grpo_std_normalization is False and not hasattr(args, "disable_grpo_std_normalization")
+
     def test_custom_arguments_hook(self):
         args = parse_args(lambda p: p.add_argument("--my-flag", type=int, default=7), argv=["--my-flag", "3"])
         assert args.my_flag == 3
@@ -222,7 +240,7 @@ class TestValidatorRunsBeforeAnyAllocation:
             train.train(args)
 
 
-HEAVY_MODULES = ("torch", "ray", "transformers", "sglang", "megatron")
+HEAVY_MODULES = ("torch", "ray", "transformers", "sglang", "megatron", "wandb")
 
 
 def _run_driver(*argv, optimize=False):
