@@ -11,6 +11,7 @@ are already scaled by the whole step's divisor, so the gradient does not depend 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import resource
 import time
