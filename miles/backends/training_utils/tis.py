@@ -75,7 +75,7 @@ def _choose(table: dict, name: str, what: str):
 
 
 def level_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """r = exp(clamp(ℓ, −20, 20)) with ℓ the ``level``'s aggregate of the log ratio (module docstring), ``(B, T)``."""
+    """r = exp(clamp(ℓ, −20, 20)), ℓ the ``level``'s aggregate of the log ratio (module docstring), ``(B, T)``."""
     with torch.no_grad():
         aggregate = _choose(LEVEL_LOG_RATIOS, level, "the TIS level")(torch.nan_to_num(log_ratio, nan=0.0), mask)
         return aggregate.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()

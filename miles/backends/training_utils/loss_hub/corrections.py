@@ -69,7 +69,7 @@ def icepop_function(
     args, *, pg_loss: torch.Tensor, train_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor],
     loss_masks: list[torch.Tensor], **kwargs: Any,
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Upstream's IcePop: w = r where tis_clip_low ≤ r ≤ tis_clip, else 0, r = exp(train − rollout); pg_loss · w."""
+    """Upstream's IcePop: w = r where tis_clip_low ≤ r ≤ tis_clip, else 0 (r = exp(train − rollout)); pg · w."""
     return bounded_token_ratio(pg_loss, train_log_probs, rollout_log_probs, loss_masks, "mask",
                                args.tis_clip_low, args.tis_clip)
 
