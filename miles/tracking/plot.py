@@ -71,13 +71,16 @@ def grouped_metrics(metric_names: list[str]) -> dict[str, list[str]]:
 _DRIFT = ("policy_behavior_kl", "kl_k3", "chi2_token", "chi2_sequence", "log_ppl_diff", "ess")
 _DROPS = ("tis_masked_token_fraction", "tis_masked_sequence_fraction", "vetoed_sequence_fraction")
 OFF_POLICY_PANELS = {  # correction label (off_policy/correction, its first word) -> metric names, most telling first
-    "keep_old_actor": ("denominator_behavior_abs_diff_max", "num_snapshots", *_DRIFT, "staleness_max"),
+    # keep_old_actor: old = behavior, so old-vs-rollout divergences are float32 rounding; the drift is the policy's
+    "keep_old_actor": ("denominator_behavior_abs_diff_max", "num_snapshots", "policy_behavior_kl",
+                       "policy_behavior_abs_diff", "staleness_max"),
     "rollout_logprobs": ("policy_behavior_kl", "policy_behavior_abs_diff", "kl_k3", "chi2_token", "chi2_sequence",
                          "log_ppl_diff", "ess", "staleness_max"),
     "tis": ("tis_raw_std", "tis_clip_fraction", *_DROPS, *_DRIFT, "staleness_max"),
     "none": ("denominator_behavior_kl", *_DRIFT, "tis_raw_std", "staleness_max"),
 }
 MIN_OFF_POLICY_PANELS, MAX_OFF_POLICY_PANELS = 6, 9
+ROUNDING_SCALE = 1e-6  # a top-up series whose values all stay below this is float32 rounding of 0, not a signal
 LOG_SCALE_DECADES = 2.0  # a positive series spanning more than this many decades is drawn on a log axis
 
 
@@ -88,18 +91,25 @@ def is_flat(values: list[float]) -> bool:
 
 
 def spans_decades(values: list[float]) -> bool:
-    """True for an all-positive series whose max/min exceeds 10**LOG_SCALE_DECADES (drawn on a log axis)."""
-    return min(values) > 0 and math.log10(max(values) / min(values)) > LOG_SCALE_DECADES
+    """True for an all-positive series whose max over its 10th percentile exceeds 10**LOG_SCALE_DECADES (drawn
+    on a log axis). The percentile, not the minimum: one on-policy first rollout (a KL of 1e-9) must not squash
+    the rest of the run into one decade at the top of a log axis."""
+    ordered = sorted(values)
+    return ordered[0] > 0 and math.log10(ordered[-1] / ordered[len(ordered) // 10]) > LOG_SCALE_DECADES
 
 
 def off_policy_panels(series: dict[str, tuple[list[int], list[float]]], correction: str | None) -> list[str]:
     """The off_policy metrics to draw for ``correction``: its list's non-flat metrics, topped up from the other
-    non-flat off_policy metrics to at least MIN_OFF_POLICY_PANELS, at most MAX_OFF_POLICY_PANELS."""
+    non-flat off_policy metrics above float32 rounding to at least MIN_OFF_POLICY_PANELS, at most
+    MAX_OFF_POLICY_PANELS."""
     label = (correction or "none").split("+")[0]
     preferred = [f"off_policy/{name}" for name in OFF_POLICY_PANELS.get(label, OFF_POLICY_PANELS["none"])]
     informative = [name for name in series if group_of(name) == "off_policy" and not is_flat(series[name][1])]
     chosen = [name for name in preferred if name in informative]
-    chosen += [name for name in informative if name not in chosen][: max(MIN_OFF_POLICY_PANELS - len(chosen), 0)]
+    top_up = [name for name in informative
+              if name not in chosen and max(map(abs, series[name][1])) >= ROUNDING_SCALE
+              and not (name == "off_policy/staleness_mean" and "off_policy/staleness_max" in chosen)]  # same curve
+    chosen += top_up[: max(MIN_OFF_POLICY_PANELS - len(chosen), 0)]
     return chosen[:MAX_OFF_POLICY_PANELS]
 
 
@@ -124,7 +134,7 @@ def _draw_group(group: str, series: dict[str, tuple[list[int], list[float]]], pa
         if spans_decades(values):
             axis.set_yscale("log")
         else:
-            axis.ticklabel_format(axis="y", useOffset=False, style="plain")  # values as they are, no "+1e-5"
+            axis.ticklabel_format(axis="y", useOffset=False)  # no "+1e-5" offset (a ×1e-6 multiplier may remain)
         axis.set_title(name.split("/", 1)[-1] + (" (log)" if spans_decades(values) else ""), fontsize=10)
         axis.set_xlabel("rollout")
         axis.grid(alpha=0.3)

@@ -51,10 +51,11 @@ def test_rejection_level_and_veto_drop_tokens(make_args):
     assert "off_policy/vetoed_sequence_fraction" in records[-1]
 
 
-def test_upstream_icepop_hook_trains_async_ppo(make_args):
+@pytest.mark.parametrize("builtin", ["icepop_function", "vanilla_tis_function"])
+def test_upstream_builtin_hooks_train_async_ppo(make_args, builtin):
     records = run_async(make_args, "--use-tis", "--custom-tis-function-path",
-                        "miles.backends.training_utils.loss_hub.corrections.icepop_function", *TIGHT)
-    assert most(records, "train/tis_clipfrac") > 0  # tokens outside the band got weight 0
+                        f"miles.backends.training_utils.loss_hub.corrections.{builtin}", *TIGHT)
+    assert most(records, "train/tis_clipfrac") > 0  # tokens outside the band got weight 0 (icepop) or the bound
     assert "off_policy/tis_masked_token_fraction" not in records[-1]  # a hook: no built-in fractions reported
 
 

@@ -160,6 +160,7 @@ def test_off_policy_page_shows_the_correction_panels_and_leaves_flat_ones_out():
 def test_flatness_and_log_scale_rules():
     assert is_flat([1.0, 1.0 + 1e-9]) and not is_flat([0.0, 1e-3])
     assert spans_decades([1e-6, 1e-3]) and not spans_decades([0.5, 2.0]) and not spans_decades([0.0, 10.0])
+    assert not spans_decades([1e-9] + [0.01 * (1 + k % 5) for k in range(20)])  # one on-policy first rollout
 
 
 def test_off_policy_png_tops_the_correction_panels_up_to_six(tmp_path):
