@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # 12 arms; the machine may be shared
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -26,7 +26,7 @@ EXPECTED_CORRECTION = {
 def test_quick_mode_runs_every_arm_and_logs_its_metrics(tmp_path, embedded_cache):
     env = dict(os.environ)  # embedded_cache points MILES_CACHE_DIR at the session's built model: no rebuild
     result = subprocess.run([sys.executable, "bench/correction_ablation.py", "--quick", "--out", str(tmp_path)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=570, env=env)
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=1140, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "contract is SWITCHED OFF for this run only" in result.stdout
     assert result.stdout.strip().splitlines()[-2].startswith("final eval accuracy relative to sync PPO")
