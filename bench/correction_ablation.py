@@ -1,17 +1,21 @@
 """What each behavior-policy correction changes in learning, measured on the embedded default.
 
-In one process and one Ray session it trains, with the same seeds and budget, seven arms:
+In one process and one Ray session it trains, with the same seeds and budget, twelve arms:
 
 - sync PPO (``train.train``): the on-policy reference, never stale;
 - async PPO (``train_async.train``) with ``--use-rollout-logprobs``, with ``--use-tis``, with ``--keep-old-actor``,
   and with no correction;
+- async PPO with the TIS family and OPSM (docs/corrections.md): IcePop masking (upstream's ``icepop_function`` on
+  [0.5, 2]), geometric sequence masking (``--rs-level geometric`` on [0.99, 1.01], SkyRL's default band, on top of
+  token TIS), sequence-level TIS (``--tis-level sequence``), OPSM alone (refused by the contract like no
+  correction, so run with the contract switched off like the uncorrected arm) and OPSM with TIS;
 - async GRPO without a correction and with ``--use-tis``;
 
 the async arms at ``--update-weights-interval`` 1 and 4 (sync PPO has no interval: it is the reference for both),
 all with ``--num-steps-per-rollout 4``, so that the ratio and its clipping act after the first optimizer step.
 
-The uncorrected async PPO arm is exactly what ``train_async.py`` refuses. This script switches the contract off
-for that arm only, inside its own process (``contract_switched_off``: it replaces
+The uncorrected async PPO arm (and OPSM alone) is exactly what ``train_async.py`` refuses. This script switches
+the contract off for those arms only, inside its own process (``contract_switched_off``: it replaces
 ``train_async.validate_async_off_policy_correction`` and the actor's per-batch check for the duration of that one
 call and restores them), and says so in its output. No flag or environment variable does this: a user cannot
 start uncorrected async PPO.
@@ -23,14 +27,16 @@ the PPO clip fraction, the spread of the raw TIS weights exp(old - rollout) and 
 (means over the rollouts), and the wall time per rollout (median gap between rollouts, after the first two). A
 value differs from sync PPO's "beyond the seed spread" when the means are more than two standard errors of the
 difference apart (|delta| > 2 sqrt(sd_a^2/n_a + sd_ref^2/n_ref)); the table marks such accuracies and rewards
-with *. It draws the eval-accuracy curves (mean over seeds, min-max band) as one PNG, and the last line is the
-headline: final eval accuracy per arm relative to sync PPO.
+with *. It draws the eval-accuracy curves (mean over seeds, min-max band) as one PNG, prints the final eval
+accuracy per arm relative to sync PPO, and the last line is the headline: the training reward (mean of the last 10
+rollouts) per arm, mean ± sd over seeds (the held-out accuracy does not separate the arms at this budget).
 
 Every run's slimmed metrics are written to RESULTS.json in --out after each run, so a stopped benchmark keeps
 what it measured; ``--from-results`` prints the table and draws the figure from such a file without training.
 
 Usage: python bench/correction_ablation.py [--quick] [--seeds 3] [--num-rollout 100] [--eval-interval 10]
-       [--out DIR] [--from-results RESULTS.json] [--keep-logs] [-- flags for every run...]
+       [--arms ARM ...] [--intervals 1 4] [--out DIR] [--from-results RESULTS.json] [--keep-logs]
+       [-- flags for every run...]
 """
 
 from __future__ import annotations
@@ -57,12 +63,23 @@ from async_vs_sync import (  # bench/ is sys.path[0] when run as `python bench/c
 
 REFERENCE = "sync-ppo"
 UNCORRECTED_PPO = "ppo-uncorrected"
+OPSM_ALONE = "ppo+opsm"  # refused like no correction: its denominator is the current actor's
+CONTRACT_OFF_ARMS = (UNCORRECTED_PPO, OPSM_ALONE)
 ARMS = {  # name -> (driver, the flags that make the arm)
     REFERENCE: ("sync", ["--advantage-estimator", "ppo"]),
     "ppo+rollout-logprobs": ("async", ["--advantage-estimator", "ppo", "--use-rollout-logprobs"]),
     "ppo+tis": ("async", ["--advantage-estimator", "ppo", "--use-tis"]),
     "ppo+keep-old-actor": ("async", ["--advantage-estimator", "ppo", "--keep-old-actor"]),
     UNCORRECTED_PPO: ("async", ["--advantage-estimator", "ppo"]),
+    # the TIS family and OPSM (docs/corrections.md)
+    "ppo+icepop": ("async", ["--advantage-estimator", "ppo", "--use-tis", "--custom-tis-function-path",
+                             "miles.backends.training_utils.loss_hub.corrections.icepop_function",
+                             "--tis-clip-low", "0.5", "--tis-clip", "2.0"]),
+    "ppo+geo-mask": ("async", ["--advantage-estimator", "ppo", "--use-tis", "--rs-level", "geometric",
+                               "--rs-lower-bound", "0.99", "--rs-upper-bound", "1.01"]),
+    "ppo+seq-tis": ("async", ["--advantage-estimator", "ppo", "--use-tis", "--tis-level", "sequence"]),
+    OPSM_ALONE: ("async", ["--advantage-estimator", "ppo", "--use-opsm"]),
+    "ppo+opsm+tis": ("async", ["--advantage-estimator", "ppo", "--use-opsm", "--use-tis"]),
     "grpo": ("async", ["--advantage-estimator", "grpo"]),
     "grpo+tis": ("async", ["--advantage-estimator", "grpo", "--use-tis"]),
 }
@@ -91,15 +108,17 @@ def arm_label(arm: str, interval: int | None) -> str:
     return arm if interval is None else f"{arm} N={interval}"
 
 
-def arm_configs(intervals: tuple[int, ...]) -> list[tuple[str, int | None]]:
-    """(arm, interval) for every run of one seed: sync PPO once (no interval), each async arm at each interval."""
-    return [(arm, None if driver == "sync" else interval)
-            for arm, (driver, _) in ARMS.items() for interval in (intervals if driver == "async" else (None,))]
+def arm_configs(intervals: tuple[int, ...], arms: tuple[str, ...] | None = None) -> list[tuple[str, int | None]]:
+    """(arm, interval) for every run of one seed: sync PPO once (no interval), each async arm at each interval
+    (only the ``arms`` named, sync PPO always, when given)."""
+    chosen = [arm for arm in ARMS if arms is None or arm in arms or arm == REFERENCE]
+    return [(arm, None if ARMS[arm][0] == "sync" else interval)
+            for arm in chosen for interval in (intervals if ARMS[arm][0] == "async" else (None,))]
 
 
 @contextlib.contextmanager
 def contract_switched_off():
-    """Within this block, ``train_async.train`` skips the async off-policy contract: for the uncorrected PPO arm.
+    """Within this block, ``train_async.train`` skips the async off-policy contract: for the arms it refuses (no correction, OPSM alone).
 
     It replaces the name ``validate_async_off_policy_correction`` in ``train_async``'s namespace (where ``train``
     looks it up) with a no-op, and the actor class ``miles.ray.run`` places with a subclass whose
@@ -133,7 +152,7 @@ def run_arm(arm: str, interval: int | None, seed: int, settings: dict, log_dir: 
         *arm_flags, *interval_flags, "--num-steps-per-rollout", str(STEPS_PER_ROLLOUT),
         "--eval-interval", str(settings["eval_interval"]), "--seed", str(1234 + seed),
         "--rollout-seed", str(42 + seed), *settings["extra"]])
-    switch = contract_switched_off() if arm == UNCORRECTED_PPO else contextlib.nullcontext()
+    switch = contract_switched_off() if arm in CONTRACT_OFF_ARMS else contextlib.nullcontext()
     with switch:
         records = run_training(driver, argv, log_dir)
     return [{key: record[key] for key in KEPT_KEYS if key in record} for record in records]
@@ -143,7 +162,7 @@ def run_all(settings: dict, results_path: Path, keep_logs: bool) -> dict:
     """Every arm for every seed, seed by seed (so a stopped run holds whole seeds), in one Ray session; the results
     file is rewritten after each run."""
     results = {"settings": settings, "runs": {}}
-    configs = arm_configs(tuple(settings["intervals"]))
+    configs = arm_configs(tuple(settings["intervals"]), settings.get("arms"))
     total, done, start = len(configs) * settings["seeds"], 0, time.perf_counter()
     with bench_session(keep_logs, "miles-bench-ablation-") as log_root:
         for seed in range(settings["seeds"]):
@@ -213,7 +232,7 @@ def compared_cell(values: list[float], reference: list[float], digits: int) -> s
 
 
 def report_rows(results: dict) -> tuple[list[str], str]:
-    """A markdown table, one row per arm (sync PPO, then each interval's arms), and the headline line."""
+    """A markdown table, one row per arm (sync PPO, then each interval's arms), the accuracy line and the headline."""
     table = arm_numbers(results)
     reference = table[REFERENCE]
     ref_mean = statistics.fmean(reference["final eval"])
@@ -230,8 +249,9 @@ def report_rows(results: dict) -> tuple[list[str], str]:
                "-" if ratio is None else f"{ratio:.2f}x", compared_cell(columns["reward"], reference["reward"], 3),
                *(cell(columns[c], digits[c]) for c in RUN_MEANS), cell(columns["wall ms"], 0)]
         lines.append("| " + " | ".join(row) + " |")
-    headline = f"final eval accuracy relative to sync PPO ({ref_mean:.3f}): " + "; ".join(ratios)
-    return lines, headline
+    rewards = "; ".join(f"{label} {cell(columns['reward'], 3)}" for label, columns in table.items())
+    headline = f"training reward (mean of the last {REWARD_WINDOW} rollouts, mean ± sd over seeds): {rewards}"
+    return lines, [f"final eval accuracy relative to sync PPO ({ref_mean:.3f}): " + "; ".join(ratios), headline]
 
 
 Curve = tuple[list[float], list[float], list[float], list[float]]  # x, mean, min, max over seeds
@@ -286,14 +306,16 @@ def draw_figure(results: dict, path: Path) -> Path:
 
 def report(results: dict, figure_path: Path) -> list[str]:
     """The printed result: the settings, the table, the figure's path and (last) the headline."""
-    rows, headline = report_rows(results)
+    rows, (accuracy_line, headline) = report_rows(results)
     figure = draw_figure(results, figure_path)
     return [
         f"settings: {json.dumps(results['settings'])}",
-        f"{UNCORRECTED_PPO}: async PPO with the contract switched off inside this benchmark's process only",
+        f"{', '.join(CONTRACT_OFF_ARMS)}: async PPO with the contract switched off inside this benchmark's process "
+        "only",
         "mean ± sd over seeds; * beyond the seed spread: |mean - sync PPO's| > 2 standard errors of the difference",
         *rows,
         f"figure: {figure}",
+        accuracy_line,
         headline,
     ]
 
@@ -307,13 +329,17 @@ def parse_options() -> argparse.Namespace:
     parser.add_argument("--num-rollout", type=int, default=100, help="rollouts per run (default: %(default)s)")
     parser.add_argument("--eval-interval", type=int, default=10,
                         help="evaluate every N rollouts; must divide --num-rollout (default: %(default)s)")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
+                        help="train only these arms (sync PPO, the reference, always runs) (default: all)")
+    parser.add_argument("--intervals", nargs="+", type=int, default=list(INTERVALS),
+                        help="--update-weights-interval values of the async arms (default: %(default)s)")
     parser.add_argument("--out", default=None,
                         help="folder for RESULTS.json and the figure (default: a new temporary folder)")
     parser.add_argument("--from-results", default=None, help="report from this RESULTS.json instead of training")
     parser.add_argument("--keep-logs", action="store_true", help="keep the run folders (their path is printed)")
     parser.add_argument("extra", nargs="*", help="training flags for every run, after '--' (e.g. -- --lr 1e-4)")
     options = parser.parse_args()
-    options.intervals = INTERVALS
+    options.intervals = tuple(options.intervals)
     if options.quick:
         options.intervals = QUICK["intervals"]
         options.seeds, options.num_rollout, options.eval_interval = (QUICK["seeds"], QUICK["num_rollout"],
@@ -335,9 +361,10 @@ def main() -> None:
     else:
         settings = {"seeds": options.seeds, "num_rollout": options.num_rollout, "intervals": list(options.intervals),
                     "eval_interval": options.eval_interval, "steps_per_rollout": STEPS_PER_ROLLOUT,
-                    "extra": options.extra}
+                    "extra": options.extra, "arms": options.arms}
         results = run_all(settings, out / "RESULTS.json", options.keep_logs)
-    missing = [arm_label(arm, interval) for arm, interval in arm_configs(tuple(results["settings"]["intervals"]))
+    missing = [arm_label(arm, interval) for arm, interval in arm_configs(tuple(results["settings"]["intervals"]),
+                                                                        results["settings"].get("arms"))
                if arm_label(arm, interval) not in results["runs"]]
     if missing:
         print(f"[bench] partial results: no run of {missing}", flush=True)

@@ -263,7 +263,10 @@ def _contract(args, driver: str, contract_error, placed: _Placement) -> tuple:
         return (f"contract: not determined ({estimator.flag} {estimator.text} is unresolved)",
                 [(f"{estimator.flag} {estimator.text}", why)] + adds_correction)
     if contract_error is not None:
-        return "contract: REJECTED (async PPO without a behavior-policy correction)", adds_correction
+        # OPSM alone is refused like no correction: its "old" is the current actor's, so it corrects no staleness
+        opsm = ("; --use-opsm is not one: its denominator is the current actor's"
+                if getattr(args, "use_opsm", False) else "")
+        return f"contract: REJECTED (async PPO without a behavior-policy correction{opsm})", adds_correction
     after = placed.estimator_position
     sets_ppo = [(word.text, why + (" after the last --advantage-estimator" if after is not None else "")
                  + ": ppo is refused without a correction")

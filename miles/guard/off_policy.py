@@ -167,8 +167,7 @@ def denominator_vs_behavior(
     """
     old, roll = torch.cat(old_log_probs), torch.cat(rollout_log_probs)  # (N_tokens,)
     log_ratio = old - roll
-    # The log-ratio is clamped to ±20 as in the PPO ratio, so the report stays finite (compute_tis_weights, which
-    # the loss uses, does not clamp it: there an infinite weight is truncated anyway).
+    # The log-ratio is clamped to ±20 as in the PPO ratio and the loss's TIS (tis.py), so the report stays finite.
     weights = log_ratio.clamp(-20, 20).exp()
     applied = weights.clamp(tis_clip_low, tis_clip)
     valid = valid_positions([o.numel() for o in old_log_probs])  # (B, T_max): one padded pass, not one per sample

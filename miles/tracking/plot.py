@@ -3,8 +3,10 @@
     python -m miles.tracking.plot RUN_DIR [--out DIR]     (also installed as ``miles-plot``)
 
 Groups are the part of a metric name before the first ``/`` (``rollout``, ``eval``, ``train``, ``off_policy``,
-``perf``, then any other group in alphabetical order; names without a slash go to ``other``). Only metrics with
-at least one finite number are drawn; the line joins the rollouts that hold a value (eval runs every few
+``perf``, then any other group in alphabetical order; names without a slash go to ``other``). The ``off_policy``
+page shows only the 6-9 panels that carry information for the run's correction (``OFF_POLICY_PANELS``; flat
+series left out), the rest stays in TensorBoard. A positive series spanning more than two decades gets a log axis;
+no axis uses offset notation. Only metrics with at least one finite number are drawn; the line joins the rollouts that hold a value (eval runs every few
 rollouts; a NaN was written as null), with a marker on each point when there are few.
 ``plot_bands`` draws mean curves with a shaded spread, for benchmarks that compare runs over seeds
 (``bench/correction_ablation.py``). Figures are drawn on matplotlib's Agg canvas directly, so importing this
@@ -64,19 +66,76 @@ def grouped_metrics(metric_names: list[str]) -> dict[str, list[str]]:
     return {group: groups[group] for group in ordered}
 
 
-def _draw_group(group: str, series: dict[str, tuple[list[int], list[float]]], path: Path) -> None:
+# The off_policy page shows the panels that carry information for the run's correction, in this order (the first
+# MAX_OFF_POLICY_PANELS that are not flat); every off_policy metric stays in TensorBoard and metrics.jsonl.
+_DRIFT = ("policy_behavior_kl", "kl_k3", "chi2_token", "chi2_sequence", "log_ppl_diff", "ess")
+_DROPS = ("tis_masked_token_fraction", "tis_masked_sequence_fraction", "vetoed_sequence_fraction")
+OFF_POLICY_PANELS = {  # correction label (off_policy/correction, its first word) -> metric names, most telling first
+    # keep_old_actor: old = behavior, so old-vs-rollout divergences are float32 rounding; the drift is the policy's
+    "keep_old_actor": ("denominator_behavior_abs_diff_max", "num_snapshots", "policy_behavior_kl",
+                       "policy_behavior_abs_diff", "staleness_max"),
+    "rollout_logprobs": ("policy_behavior_kl", "policy_behavior_abs_diff", "kl_k3", "chi2_token", "chi2_sequence",
+                         "log_ppl_diff", "ess", "staleness_max"),
+    "tis": ("tis_raw_std", "tis_clip_fraction", *_DROPS, *_DRIFT, "staleness_max"),
+    "none": ("denominator_behavior_kl", *_DRIFT, "tis_raw_std", "staleness_max"),
+}
+MIN_OFF_POLICY_PANELS, MAX_OFF_POLICY_PANELS = 6, 9
+ROUNDING_SCALE = 1e-6  # a top-up series whose values all stay below this is float32 rounding of 0, not a signal
+LOG_SCALE_DECADES = 2.0  # a positive series spanning more than this many decades is drawn on a log axis
+
+
+def is_flat(values: list[float]) -> bool:
+    """True when a series carries no information on a plot: all its values equal to within float32 rounding."""
+    low, high = min(values), max(values)
+    return high - low <= 1e-6 * max(abs(low), abs(high), 1e-30)
+
+
+def spans_decades(values: list[float]) -> bool:
+    """True for an all-positive series whose max over its 10th percentile exceeds 10**LOG_SCALE_DECADES (drawn
+    on a log axis). The percentile, not the minimum: one on-policy first rollout (a KL of 1e-9) must not squash
+    the rest of the run into one decade at the top of a log axis."""
+    ordered = sorted(values)
+    return ordered[0] > 0 and math.log10(ordered[-1] / ordered[len(ordered) // 10]) > LOG_SCALE_DECADES
+
+
+def off_policy_panels(series: dict[str, tuple[list[int], list[float]]], correction: str | None) -> list[str]:
+    """The off_policy metrics to draw for ``correction``: its list's non-flat metrics, topped up from the other
+    non-flat off_policy metrics above float32 rounding to at least MIN_OFF_POLICY_PANELS, at most
+    MAX_OFF_POLICY_PANELS."""
+    label = (correction or "none").split("+")[0]
+    preferred = [f"off_policy/{name}" for name in OFF_POLICY_PANELS.get(label, OFF_POLICY_PANELS["none"])]
+    informative = [name for name in series if group_of(name) == "off_policy" and not is_flat(series[name][1])]
+    chosen = [name for name in preferred if name in informative]
+    top_up = [name for name in informative
+              if name not in chosen and max(map(abs, series[name][1])) >= ROUNDING_SCALE
+              and not (name == "off_policy/staleness_mean" and "off_policy/staleness_max" in chosen)]  # same curve
+    chosen += top_up[: max(MIN_OFF_POLICY_PANELS - len(chosen), 0)]
+    return chosen[:MAX_OFF_POLICY_PANELS]
+
+
+def run_correction(records: list[dict]) -> str | None:
+    """The run's correction label, as the actor logged it (``off_policy/correction``), or None."""
+    return next((r["off_policy/correction"] for r in records if isinstance(r.get("off_policy/correction"), str)),
+                None)
+
+
+def _draw_group(group: str, series: dict[str, tuple[list[int], list[float]]], path: Path, title: str = "") -> None:
     """One PNG: a grid of subplots, one per metric of the group."""
     columns = min(SUBPLOT_COLUMNS, len(series))
     rows = math.ceil(len(series) / columns)
     width, height = SUBPLOT_SIZE_INCHES
     figure = Figure(figsize=(width * columns, height * rows + 0.5), layout="constrained")
     FigureCanvasAgg(figure)
-    figure.suptitle(group)
+    figure.suptitle(title or group)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     for axis, (name, (rollout_ids, values)) in zip(axes, series.items()):
         marker = "o" if len(values) <= MAX_POINTS_WITH_MARKERS else None  # sparse series: show each point
         axis.plot(rollout_ids, values, marker=marker, markersize=3, linewidth=1.2)
-        axis.set_title(name.split("/", 1)[-1], fontsize=10)
+        if spans_decades(values):
+            axis.set_yscale("log")
+        else:
+            axis.ticklabel_format(axis="y", useOffset=False)  # no "+1e-5" offset (a ×1e-6 multiplier may remain)
+        axis.set_title(name.split("/", 1)[-1] + (" (log)" if spans_decades(values) else ""), fontsize=10)
         axis.set_xlabel("rollout")
         axis.grid(alpha=0.3)
     for axis in axes[len(series) :]:
@@ -101,8 +160,15 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     out_path.mkdir(parents=True, exist_ok=True)
     written = []
     for group, names in grouped_metrics(list(series)).items():
+        title = group
+        if group == "off_policy":
+            correction = run_correction(records)
+            shown = off_policy_panels(series, correction) or names[:MAX_OFF_POLICY_PANELS]
+            title = (f"off_policy (correction: {correction or 'unknown'}; {len(shown)} of {len(names)} metrics, "
+                     "the rest flat or in TensorBoard)")
+            names = shown
         path = out_path / f"{group}.png"
-        _draw_group(group, {name: series[name] for name in names}, path)
+        _draw_group(group, {name: series[name] for name in names}, path, title)
         written.append(path)
     return written
 

@@ -17,7 +17,7 @@ from miles.ranks.layout import check_rank_layout
 from miles.rollout.sglang_words import split_sglang_words
 from miles.utils import flags
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
-from miles.utils.flag_rules import check_flag_values
+from miles.utils.flag_rules import check_flag_values, flag_name
 
 ASYNC_PPO_CORRECTION_MESSAGE = (
     "Async PPO training requires an explicit behavior-policy correction: the async loop generates rollout k+1 "
@@ -28,6 +28,9 @@ ASYNC_PPO_CORRECTION_MESSAGE = (
     "  --use-tis               truncated importance sampling re-weights the loss by pi_old/pi_rollout, capped "
     "at --tis-clip;\n"
     "  --keep-old-actor        the denominator is recomputed with the weights the rollout engines used.\n"
+    "Every --tis-mode, --tis-level, --rs-* choice and --custom-tis-function-path is a form of --use-tis and needs "
+    "it. --use-opsm alone is not a correction: its 'old' is still the current actor's, so it never sees the "
+    "staleness.\n"
     "Or train synchronously with train.py. Check launch scripts with `miles-check SCRIPT.sh` "
     "(docs/async_off_policy_contract.md)."
 )
@@ -36,7 +39,12 @@ ASYNC_PPO_CORRECTION_MESSAGE = (
 def validate_async_off_policy_correction(args) -> None:
     """Refuse async PPO (``args.use_critic``) unless one behavior-policy correction is chosen.
 
-    Reads exactly ``use_critic``, ``use_rollout_logprobs``, ``use_tis`` and ``keep_old_actor``. Critic-free
+    Reads exactly ``use_critic``, ``use_rollout_logprobs``, ``use_tis`` and ``keep_old_actor``. Every TIS variant
+    (--tis-mode, --tis-level, --rs-level, --rs-veto-threshold, --custom-tis-function-path) counts, because each is
+    applied only under --use-tis (``_check_tis_choices`` refuses them without it) and each re-weights or masks by
+    π_old/π_rollout, the behavior policy's own probabilities. --use-opsm does not count: it masks by the mean
+    (old − current) log ratio, whose "old" is the ratio's denominator, the current actor's unless one of the three
+    changes it, so alone it measures 0 staleness and corrects nothing (docs/corrections.md). Critic-free
     estimators (GRPO, GSPO, REINFORCE++) return at once: upstream's compatibility choice, not a claim that they
     are safe (their data is just as stale; they get a warning and the run-time report instead).
     Raised explicitly (not ``assert``) so ``python -O`` cannot switch the contract off.
@@ -220,6 +228,47 @@ def _check_corrections(args) -> None:
             f"--tis-clip-low {args.tis_clip_low} and --tis-clip {args.tis_clip} must satisfy "
             "0 <= --tis-clip-low < --tis-clip. Pass e.g. --tis-clip-low 0 --tis-clip 2."
         )
+    _check_tis_choices(args)
+
+
+TIS_CHOICE_DEFAULTS = {"tis_mode": "clip", "tis_level": "token", "rs_level": None, "rs_lower_bound": None,
+                       "rs_upper_bound": None, "rs_veto_threshold": None}
+
+
+def _check_tis_choices(args) -> None:
+    """The TIS variants act only under --use-tis, one way at a time: a choice that would do nothing is refused."""
+    chosen = [flag_name(dest) for dest, default in TIS_CHOICE_DEFAULTS.items() if getattr(args, dest) != default]
+    hook = args.custom_tis_function_path
+    if not args.use_tis and (chosen or hook is not None):
+        named = chosen + (["--custom-tis-function-path"] if hook is not None else [])
+        raise MilesConfigError(
+            f"{', '.join(named)} set without --use-tis, but these choose how --use-tis re-weights the loss and do "
+            "nothing without it. Add --use-tis, or drop them (docs/corrections.md)."
+        )
+    if hook is not None and chosen:
+        raise MilesConfigError(
+            f"--custom-tis-function-path {hook} replaces the built-in TIS, so {', '.join(chosen)} would be ignored. "
+            "Drop them, or drop --custom-tis-function-path to use the built-in."
+        )
+    if args.tis_mode == "truncate" and args.tis_clip_low > 0:
+        raise MilesConfigError(
+            f"--tis-mode truncate has no lower bound, but --tis-clip-low is {args.tis_clip_low}. Use --tis-mode clip "
+            "to bound the weight on both sides, or drop --tis-clip-low."
+        )
+    if args.rs_level is None and (args.rs_lower_bound is not None or args.rs_upper_bound is not None):
+        raise MilesConfigError("--rs-lower-bound/--rs-upper-bound are set without --rs-level, which they bound. "
+                               "Add e.g. --rs-level geometric, or drop them.")
+    low = args.tis_clip_low if args.rs_lower_bound is None else args.rs_lower_bound
+    high = args.tis_clip if args.rs_upper_bound is None else args.rs_upper_bound
+    if args.rs_level is not None and not low < high:
+        raise MilesConfigError(
+            f"the --rs-level band [{low}, {high}] (--rs-lower-bound, --rs-upper-bound, default --tis-clip-low and "
+            "--tis-clip) is empty or a point. Pass e.g. --rs-lower-bound 0.99 --rs-upper-bound 1.01."
+        )
+    if hook is not None:
+        from miles.backends.training_utils.loss_hub.corrections import load_tis_function  # imports torch
+
+        load_tis_function(hook)  # a bad path fails here, before anything starts
 
 
 def _check_kl(args) -> None:

@@ -76,6 +76,11 @@ FLAG_RULES: dict[str, Range] = {
     # off-policy correction and runtime guard
     "tis_clip": Range(low=0, low_open=True, allow_inf=True, example="2", why="inf means no cap"),
     "tis_clip_low": NON_NEGATIVE,
+    "rs_lower_bound": NON_NEGATIVE,
+    "rs_upper_bound": Range(low=0, low_open=True, allow_inf=True, example="1.01", why="inf means no upper bound"),
+    "rs_veto_threshold": Range(low=0, high=1, low_open=True, high_open=True, example="1e-4",
+                               why="a token ratio below it vetoes its sequence; ratios near 1 are the normal case"),
+    "opsm_delta": Range(low=0, example="1e-4", why="a mean log-ratio threshold; below 0 masks on-policy sequences"),
     "keep_old_actor_tol": Range(low=0, low_open=True, example="1e-4",
                                 why="the guard's tolerance; 1e-4 suits the torch engine in fp32"),
     "max_weight_staleness": Range(low=0, example="1"),

@@ -119,6 +119,58 @@ def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tis-clip", type=float, default=2.0, help="Upper bound of the TIS weight. (default: %(default)s)")
     group.add_argument("--tis-clip-low", type=float, default=0.0, help="Lower bound of the TIS weight. (default: %(default)s)")
     group.add_argument(
+        "--tis-mode",
+        choices=("truncate", "clip", "mask"),
+        default="clip",
+        help="How --use-tis bounds the ratio r: truncate w = min(r, --tis-clip); clip w = clamp(r, --tis-clip-low, "
+        "--tis-clip) (upstream's vanilla TIS); mask: tokens with r outside [--tis-clip-low, --tis-clip] leave the "
+        "loss (IcePop). Needs --use-tis. Formulas: docs/corrections.md. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--tis-level",
+        choices=("token", "sequence", "geometric"),
+        default="token",
+        help="Where --use-tis takes the ratio: per token r = exp(old - roll); per sequence r = exp(sum of the token "
+        "log ratios); geometric r = exp(their mean). Needs --use-tis. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--rs-level",
+        choices=("token", "sequence", "geometric"),
+        default=None,
+        help="Rejection sampling under --use-tis: drop the tokens whose ratio at this level lies outside "
+        "[--rs-lower-bound, --rs-upper-bound] (e.g. geometric with bounds 0.99 and 1.01: SkyRL's geometric "
+        "sequence masking). (default: off)",
+    )
+    group.add_argument("--rs-lower-bound", type=float, default=None,
+                       help="Lower bound of --rs-level's ratio. (default: --tis-clip-low)")
+    group.add_argument("--rs-upper-bound", type=float, default=None,
+                       help="Upper bound of --rs-level's ratio. (default: --tis-clip)")
+    group.add_argument(
+        "--rs-veto-threshold",
+        type=float,
+        default=None,
+        help="Veto under --use-tis: drop every token of a sequence holding a token whose ratio exp(old - roll) is "
+        "below this (e.g. 1e-4). (default: off)",
+    )
+    group.add_argument(
+        "--custom-tis-function-path",
+        default=None,
+        help="Dotted path of a TIS function with upstream's signature fn(args, *, pg_loss, train_log_probs, "
+        "rollout_log_probs, loss_masks, **kwargs) -> (pg_loss, loss_masks, metrics), applied under --use-tis "
+        "instead of --tis-mode/--tis-level/--rs-*; built-ins: "
+        "miles.backends.training_utils.loss_hub.corrections.vanilla_tis_function and .icepop_function. "
+        "(default: the built-in of --tis-mode and --tis-level)",
+    )
+    group.add_argument(
+        "--use-opsm",
+        action="store_true",
+        help="Off-Policy Sequence Masking (DeepSeek-V3.2): drop the negative-advantage tokens of a sequence whose "
+        "mean (old - current) log-prob exceeds --opsm-delta. Not a behavior-policy correction for async PPO: its "
+        "'old' is the ratio's denominator, the current actor's unless a correction changes it.",
+    )
+    group.add_argument("--opsm-delta", type=float, default=1e-4,
+                       help="OPSM's threshold on a sequence's mean (old - current) log-prob. (default: %(default)s)")
+    group.add_argument(
         "--get-mismatch-metrics",
         action="store_true",
         help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",

@@ -37,17 +37,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from miles.backends.training_utils.advantages import ADVANTAGE_ESTIMATORS
+from miles.backends.training_utils.loss_hub.corrections import load_tis_function
 from miles.backends.training_utils.ppo_utils import (
     KL_LOSS_TYPES,
     compute_approx_kl,
     compute_ess_ratio,
     compute_gspo_kl,
     compute_policy_loss,
-    compute_tis_weights,
     compute_value_loss,
     pad_samples,
     safe_log_ratio,
@@ -55,6 +56,7 @@ from miles.backends.training_utils.ppo_utils import (
     sum_of_token,
     valid_positions,
 )
+from miles.backends.training_utils.tis import TIS_LEVELS, TIS_MODES, opsm_keep
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,15 @@ class LossConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    tis_mode: str = "clip"
+    tis_level: str = "token"
+    rs_level: str | None = None
+    rs_lower_bound: float | None = None
+    rs_upper_bound: float | None = None
+    rs_veto_threshold: float | None = None
+    custom_tis_function_path: str | None = None
+    use_opsm: bool = False
+    opsm_delta: float = 1e-4
     use_rollout_logprobs: bool = False
     get_mismatch_metrics: bool = False
     use_kl_loss: bool = False
@@ -77,16 +88,26 @@ class LossConfig:
     use_unbiased_kl: bool = False  # KL loss weighted by π_θ/π_old (the parser's --use-unbiased-kl)
     entropy_coef: float = 0.0
     calculate_per_token_loss: bool = False
+    # What a --custom-tis-function-path hook receives as ``args``: the run's namespace (``from_args``), else this.
+    hook_args: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.eps_clip_high is None:
             object.__setattr__(self, "eps_clip_high", self.eps_clip)
+        if self.hook_args is None:
+            object.__setattr__(self, "hook_args", self)
         _check_config(self)
 
     @classmethod
     def from_args(cls, args) -> LossConfig:
         """Read exactly these fields' attribute names from an argparse namespace (a missing one is an error)."""
-        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+        names = [field.name for field in dataclasses.fields(cls) if field.name != "hook_args"]
+        return cls(**{name: getattr(args, name) for name in names}, hook_args=args)
+
+    @functools.cached_property
+    def tis_function(self):
+        """The one TIS entry point: the --custom-tis-function-path hook, else the built-in of the MIS flags."""
+        return load_tis_function(self.custom_tis_function_path)
 
 
 def _check_config(cfg: LossConfig) -> None:
@@ -104,6 +125,10 @@ def _check_config(cfg: LossConfig) -> None:
             f"tis_clip_low {cfg.tis_clip_low} and tis_clip {cfg.tis_clip} must satisfy 0 <= tis_clip_low < "
             "tis_clip. Pass e.g. tis_clip_low 0 and tis_clip 2."
         )
+    for name, value, valid in (("tis_mode", cfg.tis_mode, TIS_MODES), ("tis_level", cfg.tis_level, TIS_LEVELS),
+                               ("rs_level", cfg.rs_level, (None, *TIS_LEVELS))):
+        if value not in valid:
+            raise ValueError(f"{name} is {value!r}, but it must be one of {', '.join(map(str, valid))}.")
     if cfg.use_tis and cfg.use_rollout_logprobs:
         raise ValueError(
             "use_tis and use_rollout_logprobs are both set, but they exclude each other (with the rollout "
@@ -151,6 +176,20 @@ class _Tokens:
             )
         padded = pad_samples(tensors, self.valid)
         return torch.where(self.mask, padded, torch.zeros((), dtype=padded.dtype))
+
+    def unpad(self, padded: torch.Tensor) -> list[torch.Tensor]:
+        """``(B, T)`` → one 1-D tensor per sample over its response tokens (the hook's layout)."""
+        return [row[:length] for row, length in zip(padded, self.lengths)]
+
+    def repad(self, per_token) -> torch.Tensor:
+        """A hook's per-token values (``(Σ T_i,)``, a list of per-sample tensors, or a number) → ``(B, T)``, 0 at
+        padding (a number fills every position)."""
+        if isinstance(per_token, (list, tuple)):
+            per_token = torch.cat([torch.as_tensor(t).reshape(-1) for t in per_token])
+        per_token = torch.as_tensor(per_token)
+        if per_token.dim() == 0:
+            return per_token.expand(self.valid.shape).to(torch.float32)
+        return pad_samples([per_token.reshape(-1)], self.valid)
 
     def reduce(self, per_token: torch.Tensor, token_sum: bool, divisor: float) -> torch.Tensor:
         """The loss reduction: ``sum_of_token`` or ``sum_of_sample_mean``, divided by the step's divisor."""
@@ -205,13 +244,8 @@ def policy_loss(
     token_ppo_kl = old - lp  # (B, T)
     ppo_kl = compute_gspo_kl(token_ppo_kl, tokens.mask) if cfg.advantage_estimator == "gspo" else token_ppo_kl
     pg_losses, pg_clipfrac = compute_policy_loss(ppo_kl, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
-    metrics: dict[str, float] = {}
-    if cfg.use_tis or cfg.get_mismatch_metrics:
-        tis_weights, tis_metrics = _tis(cfg, batch, tokens, old, lp)
-        metrics.update(tis_metrics)
-        if cfg.use_tis:
-            pg_losses = pg_losses * tis_weights
-    reduce = functools.partial(tokens.reduce, token_sum=cfg.calculate_per_token_loss, divisor=step_divisor)
+    pg_losses, loss_tokens, metrics = _corrections(cfg, batch, tokens, old, lp, advantages, pg_losses)
+    reduce = functools.partial(loss_tokens.reduce, token_sum=cfg.calculate_per_token_loss, divisor=step_divisor)
     loss = reduce(pg_losses)
     metrics.update(
         pg_loss=tokens.metric(pg_losses),
@@ -239,10 +273,22 @@ def policy_loss(
     return loss, metrics
 
 
-def _tis(
-    cfg: LossConfig, batch: dict, tokens: _Tokens, old: torch.Tensor, lp: torch.Tensor
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """TIS weights clamp(exp(old − roll), tis_clip_low, tis_clip) (B, T) and tis, tis_clipfrac, tis_abs, ois."""
+def _corrections(
+    cfg: LossConfig, batch: dict, tokens: _Tokens, old: torch.Tensor, lp: torch.Tensor, advantages: torch.Tensor,
+    pg_losses: torch.Tensor,
+) -> tuple[torch.Tensor, _Tokens, dict[str, float]]:
+    """OPSM, then the TIS function (``cfg.tis_function``, upstream's hook signature, the one entry point for every
+    TIS choice): the corrected per-token loss (B, T), the tokens the loss reduction keeps, and their metrics.
+
+    The TIS function also runs under get_mismatch_metrics alone, for its metrics; its weights and masks then are
+    not applied. Metrics are means over the tokens of the original loss mask (before any correction's mask)."""
+    metrics: dict[str, float] = {}
+    if cfg.use_opsm:
+        keep = opsm_keep(old, lp.detach(), advantages, tokens.mask, cfg.opsm_delta)
+        pg_losses = torch.where(keep, pg_losses, torch.zeros_like(pg_losses))
+        metrics["opsm_clipfrac"] = tokens.metric((~keep).to(pg_losses.dtype))
+    if not (cfg.use_tis or cfg.get_mismatch_metrics):
+        return pg_losses, tokens, metrics
     if batch.get("rollout_log_probs") is None:
         raise ValueError(
             "use_tis or get_mismatch_metrics is set, but batch['rollout_log_probs'] is missing: the rollout "
@@ -250,15 +296,16 @@ def _tis(
         )
     rollout = tokens.pad(batch["rollout_log_probs"], "rollout_log_probs").detach()
     recomputed = old if batch.get("old_log_probs") is None else tokens.pad(batch["old_log_probs"], "old_log_probs")
-    weights, raw = compute_tis_weights(recomputed.detach(), rollout, cfg.tis_clip, cfg.tis_clip_low)
-    weights = torch.where(tokens.mask, weights, torch.ones_like(weights))  # (B, T); padding is never used
-    metrics = {
-        "tis": tokens.metric(raw),
-        "tis_clipfrac": tokens.metric((weights != raw).float()),
-        "tis_abs": tokens.metric((raw - 1.0).abs()),
-        "ois": tokens.metric(safe_log_ratio(lp.detach() - old).exp()),
-    }
-    return weights, metrics
+    corrected, kept_masks, tis_metrics = cfg.tis_function(
+        cfg.hook_args, pg_loss=pg_losses[tokens.valid], train_log_probs=tokens.unpad(recomputed.detach()),
+        rollout_log_probs=tokens.unpad(rollout), loss_masks=tokens.unpad(tokens.mask.to(pg_losses.dtype)),
+    )
+    metrics.update({name: tokens.metric(tokens.repad(value)) for name, value in tis_metrics.items()})
+    metrics["ois"] = tokens.metric(safe_log_ratio(lp.detach() - old).exp())
+    if not cfg.use_tis:
+        return pg_losses, tokens, metrics
+    kept = tokens.repad(torch.cat(list(kept_masks))) != 0
+    return tokens.repad(corrected), dataclasses.replace(tokens, mask=tokens.mask & kept), metrics
 
 
 def _kl_loss_per_token(cfg: LossConfig, batch: dict, tokens: _Tokens, lp: torch.Tensor, old: torch.Tensor):

@@ -105,24 +105,6 @@ def compute_approx_kl(
     return kl
 
 
-def compute_tis_weights(
-    old_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    clip_high: float = 2.0,
-    clip_low: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level truncated importance-sampling weights π_old / π_rollout.
-
-        raw     = exp(old_log_probs − rollout_log_probs)
-        weights = clamp(raw, clip_low, clip_high)
-    Returns ``(weights, raw_weights)``, shaped like the inputs. Both are constants (computed without grad).
-    """
-    with torch.no_grad():
-        raw_weights = (old_log_probs - rollout_log_probs).exp()
-        weights = raw_weights.clamp(clip_low, clip_high)
-    return weights, raw_weights
-
-
 def compute_value_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, value_clip: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

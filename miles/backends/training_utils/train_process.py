@@ -29,11 +29,12 @@ from miles.backends.training_utils.loss import (
     step_divisor,
     value_loss,
 )
+from miles.backends.training_utils.loss_hub.corrections import tis_choice
 from miles.backends.training_utils.lr_schedule import learning_rate, schedule_for_role
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, set_learning_rate
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
-from miles.guard import off_policy
+from miles.guard import mismatch, off_policy
 from miles.guard.divergence import check_finite_step, check_finite_weights
 from miles.guard.fingerprint import combine_digests, differing_tensors, digest_table, weights_are_finite
 from miles.ranks.data_parallel import SingleRank, data_parallel_rank
@@ -225,6 +226,8 @@ class PolicyTrainer(_TrainProcess):
         self.version_to_rollouts_trained: dict[int, int] = {}
         self.pushed_fingerprints: dict[int, str] = {}
         self.correction = off_policy.correction_in_effect(args.use_rollout_logprobs, args.use_tis, args.keep_old_actor)
+        # the built-in TIS whose drop fractions the report shows (none when a hook replaces it)
+        self.tis_choice = None if args.custom_tis_function_path else tis_choice(args)
         self._prepared: _PreparedRollout | None = None
         self._guard_s = 0.0
         self._push_guard_s = 0.0  # the last export's finiteness check and fingerprint, reported with the next rollout
@@ -365,6 +368,7 @@ class PolicyTrainer(_TrainProcess):
             with self._guard_time():  # the comparison check_denominator_tolerance reads, and the mismatch report
                 report.update(off_policy.denominator_vs_behavior(
                     old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
+            report.update(mismatch.mismatch_report(old_log_probs, rollout_log_probs, loss_masks, self.tis_choice))
         if self.snapshots is not None:
             with self._guard_time():
                 off_policy.check_denominator_tolerance(

@@ -22,7 +22,7 @@ from miles.utils.arguments import parse_args
 NAN = float("nan")
 BASE_METRICS = {"loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "ess_ratio"}
 ROLLOUT_METRICS = {"train_rollout_logprob_abs_diff", "train_rollout_kl"}
-TIS_METRICS = {"tis", "tis_clipfrac", "tis_abs", "ois"}
+TIS_METRICS = {"tis", "tis_clipfrac", "tis_abs", "tis_masked_fraction", "ois"}
 
 
 # ---------------------------------------------------------------- a tiny differentiable "model" and random batches

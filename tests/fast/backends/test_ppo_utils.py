@@ -12,7 +12,6 @@ from miles.backends.training_utils.ppo_utils import (
     compute_ess_ratio,
     compute_gspo_kl,
     compute_policy_loss,
-    compute_tis_weights,
     compute_value_loss,
     get_advantages_and_returns,
     get_reinforce_plus_plus_returns,
@@ -167,28 +166,6 @@ def test_approx_kl_importance_ratio_multiplies_the_estimate():
 def test_approx_kl_unknown_type_lists_the_valid_names():
     with pytest.raises(ValueError, match="k1, k2, k3, low_var_kl"):
         compute_approx_kl(t([0.0]), t([0.0]), "k4")
-
-
-# ---------------------------------------------------------------- compute_tis_weights
-
-
-def test_tis_weights_at_and_beyond_both_bounds():
-    raw_expected = [0.25, 0.5, 1.0, 2.0, 4.0]
-    rollout = t([0.0] * 5)
-    old = t([math.log(x) for x in raw_expected])
-    old.requires_grad_(True)
-    weights, raw = compute_tis_weights(old, rollout, clip_high=2.0, clip_low=0.5)
-    torch.testing.assert_close(raw, t(raw_expected))
-    assert weights.tolist() == [0.5, 0.5, 1.0, 2.0, 2.0]  # exactly the bounds at and beyond them
-    assert not weights.requires_grad and not raw.requires_grad
-    default_weights, _ = compute_tis_weights(old, rollout)  # defaults: clip_low 0, clip_high 2
-    torch.testing.assert_close(default_weights, t([0.25, 0.5, 1.0, 2.0, 2.0]))
-
-
-def test_tis_weights_are_exactly_one_when_old_equals_rollout():
-    log_probs = random_tensor(3, (4, 6), 3.0)
-    weights, raw = compute_tis_weights(log_probs, log_probs.clone())
-    assert torch.equal(weights, torch.ones_like(weights)) and torch.equal(raw, torch.ones_like(raw))
 
 
 # ---------------------------------------------------------------- compute_value_loss

@@ -51,6 +51,22 @@ def test_every_async_arm_runs_at_each_interval_and_sync_ppo_once():
     assert (ablation.UNCORRECTED_PPO, 4) in configs
 
 
+def test_arms_filter_keeps_sync_ppo_and_the_new_arms_are_there():
+    assert ablation.arm_configs((4,), ("ppo+icepop",)) == [(ablation.REFERENCE, None), ("ppo+icepop", 4)]
+    assert {"ppo+icepop", "ppo+geo-mask", "ppo+seq-tis", "ppo+opsm", "ppo+opsm+tis"} <= set(ablation.ARMS)
+    assert set(ablation.CONTRACT_OFF_ARMS) == {ablation.UNCORRECTED_PPO, "ppo+opsm"}  # OPSM alone is refused too
+
+
+def test_the_headline_is_the_training_reward_with_its_spread():
+    runs = {label: {str(seed): [{"rollout_id": k, "time": float(k), "rollout/reward_mean": reward + 0.1 * seed,
+                                 "eval/accuracy": 0.1} for k in range(12)] for seed in range(2)}
+            for label, reward in (("sync-ppo", 0.3), ("ppo+icepop N=4", 0.2))}
+    _, (accuracy_line, headline) = ablation.report_rows({"settings": {}, "runs": runs})
+    assert accuracy_line.startswith("final eval accuracy relative to sync PPO")
+    assert headline == ("training reward (mean of the last 10 rollouts, mean ± sd over seeds): "
+                        "sync-ppo 0.350 ± 0.071; ppo+icepop N=4 0.250 ± 0.071")
+
+
 def _record(rollout_id, time, **metrics):
     return {"rollout_id": rollout_id, "time": time, **metrics}
 

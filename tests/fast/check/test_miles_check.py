@@ -514,6 +514,29 @@ class TestMainArgumentList:
         assert status == 0
         assert out == f"command line: train_async.py: OK; contract: OK ({flag})\n"
 
+    def test_opsm_alone_is_rejected_with_the_contract_error_and_its_reason(self, capsys):
+        status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", "--use-opsm", "--opsm-delta", "1e-4"])
+        assert status == 1
+        assert out.splitlines()[0] == ("command line: train_async.py: REJECTED; contract: REJECTED (async PPO "
+                                       "without a behavior-policy correction; --use-opsm is not one: its "
+                                       "denominator is the current actor's)")
+        assert f"  error: {CONTRACT_FIRST_LINE}" in out and f"  {CONTRACT_FIX}" in out
+
+    @pytest.mark.parametrize("extra", [
+        ["--custom-tis-function-path", "miles.backends.training_utils.loss_hub.corrections.icepop_function"],
+        ["--custom-tis-function-path", "miles.backends.training_utils.loss_hub.corrections.vanilla_tis_function"],
+        ["--tis-mode", "mask", "--tis-level", "geometric", "--tis-clip-low", "0.99", "--tis-clip", "1.01"],
+        ["--rs-level", "geometric", "--rs-lower-bound", "0.99", "--rs-upper-bound", "1.01", "--rs-veto-threshold",
+         "1e-4", "--use-opsm"],
+    ])
+    def test_upstream_tis_variants_pass_with_use_tis(self, capsys, extra):
+        status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", "--use-tis", *extra])
+        assert status == 0 and out == "command line: train_async.py: OK; contract: OK (--use-tis)\n"
+
+    def test_a_tis_variant_without_use_tis_is_refused_naming_it(self, capsys):
+        status, out, _ = _run(capsys, ["--", "--advantage-estimator", "grpo", "--tis-mode", "mask"])
+        assert status == 1 and "--tis-mode set without --use-tis" in out
+
     def test_unknown_megatron_and_sglang_flags_are_ignored_and_the_verdict_stands(self, capsys):
         unknown = ["--context-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", *unknown])

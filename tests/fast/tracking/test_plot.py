@@ -1,5 +1,6 @@
 """miles.tracking.plot: series and groups from metrics.jsonl, PNG files per group, and the CLI's errors."""
 
+import json
 import math
 import subprocess
 import sys
@@ -9,7 +10,18 @@ import matplotlib.image
 import pytest
 
 from miles.tracking.metrics import MetricsTracker
-from miles.tracking.plot import grouped_metrics, main, metric_series, plot_bands, plot_run
+from miles.tracking.plot import (
+    MAX_OFF_POLICY_PANELS,
+    MIN_OFF_POLICY_PANELS,
+    grouped_metrics,
+    is_flat,
+    main,
+    metric_series,
+    off_policy_panels,
+    plot_bands,
+    plot_run,
+    spans_decades,
+)
 from miles.utils.errors import MilesConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -119,3 +131,46 @@ class TestCli:
         assert result.returncode == 2
         assert result.stderr.startswith("error: no metrics.jsonl in") and result.stdout == ""
 
+
+
+# ---------------------------------------------------------------- the off_policy page
+
+
+def _off_policy_series(names_and_values: dict[str, list[float]]):
+    return {f"off_policy/{name}": (list(range(len(values))), values) for name, values in names_and_values.items()}
+
+
+def test_off_policy_page_shows_the_correction_panels_and_leaves_flat_ones_out():
+    rising = [0.1, 0.2, 0.4, 0.3]
+    series = _off_policy_series({
+        "denominator_behavior_abs_diff_max": [5e-6, 4e-6, 6e-6, 5e-6], "num_snapshots": [1.0, 2.0, 2.0, 2.0],
+        "tis_raw_mean": [1.0] * 4, "staleness_max": [0.0, 1.0, 1.0, 1.0], "ess": [1.0, 0.999, 0.998, 0.999],
+        "policy_behavior_kl": rising, "kl_k3": rising, "chi2_token": rising, "chi2_sequence": rising,
+        "log_ppl_diff": rising, "tis_clip_fraction": [0.0] * 4, "num_tokens": [48.0] * 4, "extra_a": rising,
+    })
+    keep = off_policy_panels(series, "keep_old_actor")
+    assert keep[:2] == ["off_policy/denominator_behavior_abs_diff_max", "off_policy/num_snapshots"]
+    assert not {"off_policy/tis_raw_mean", "off_policy/tis_clip_fraction", "off_policy/num_tokens"} & set(keep)
+    assert MIN_OFF_POLICY_PANELS <= len(keep) <= MAX_OFF_POLICY_PANELS
+    tis = off_policy_panels(series, "tis")
+    assert tis[0] == "off_policy/policy_behavior_kl"  # tis_raw_std and the drop fractions are absent here
+    assert off_policy_panels(series, "keep_old_actor+tis")[0] == keep[0]  # the label's first word picks the list
+
+
+def test_flatness_and_log_scale_rules():
+    assert is_flat([1.0, 1.0 + 1e-9]) and not is_flat([0.0, 1e-3])
+    assert spans_decades([1e-6, 1e-3]) and not spans_decades([0.5, 2.0]) and not spans_decades([0.0, 10.0])
+    assert not spans_decades([1e-9] + [0.01 * (1 + k % 5) for k in range(20)])  # one on-policy first rollout
+
+
+def test_off_policy_png_tops_the_correction_panels_up_to_six(tmp_path):
+    records = [{"rollout_id": i, "off_policy/correction": "tis",
+                **{f"off_policy/m{k}": float((i + 1) * (k + 1)) for k in range(14)},
+                "off_policy/tis_raw_std": 10.0 ** -i} for i in range(5)]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    plot_run(run)
+    height, width, _ = matplotlib.image.imread(run / "plots" / "off_policy.png").shape
+    # tis_raw_std (the one "tis" panel present) and 5 others of the 15: 2 rows of 3 (2.8 in each, +0.5 in title)
+    assert (width, height) == (1200, 610)

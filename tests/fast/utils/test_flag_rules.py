@@ -42,7 +42,8 @@ def test_nan_is_refused_by_every_float_flag(dest):
 def test_inf_is_refused_unless_the_rule_gives_it_a_meaning(dest):
     argv = [flag_name(dest), "inf"]
     if FLAG_RULES[dest].allow_inf:
-        parse_args(argv=argv + (["--tis-clip-low", "0"] if dest == "tis_clip" else []))
+        companions = {"tis_clip": ["--tis-clip-low", "0"], "rs_upper_bound": ["--use-tis", "--rs-level", "geometric"]}
+        parse_args(argv=argv + companions.get(dest, []))
     else:
         with pytest.raises(MilesConfigError, match=f"^{flag_name(dest)} is inf, but it must be .*finite"):
             parse_args(argv=argv)
