@@ -118,7 +118,8 @@ def arm_configs(intervals: tuple[int, ...], arms: tuple[str, ...] | None = None)
 
 @contextlib.contextmanager
 def contract_switched_off():
-    """Within this block, ``train_async.train`` skips the async off-policy contract: for the arms it refuses (no correction, OPSM alone).
+    """Within this block, ``train_async.train`` skips the async off-policy contract: for the arms it refuses (no
+    correction, OPSM alone).
 
     It replaces the name ``validate_async_off_policy_correction`` in ``train_async``'s namespace (where ``train``
     looks it up) with a no-op, and the actor class ``miles.ray.run`` places with a subclass whose
