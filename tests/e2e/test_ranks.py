@@ -69,13 +69,30 @@ def test_ranks_log_the_single_process_metrics(make_args, tmp_path, backend, rank
     _assert_same_metrics(single, _run_sync(make_args(*GRPO, "--train-backend", backend, *ranks)))
 
 
+def _parent(pid: int) -> int:
+    """The parent pid, from /proc/PID/stat (the field after the parenthesized command name)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _descends_from_this_process(pid: int) -> bool:
+    """True for a process this test process started, directly or not (ray.init here started the raylet, which
+    starts the workers): other test sessions on the same machine have ranks of their own."""
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _rank_processes() -> list[int]:
-    """Pids of live actor ranks (Ray titles a rank's process after its trainer class: ``ray::PolicyTrainer...``)."""
+    """Pids of this Ray session's live actor ranks (Ray titles a rank's process after its trainer class:
+    ``ray::PolicyTrainer...``)."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"ray::PolicyTrainer" in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
+            pid = int(cmdline.parent.name)
+            if b"ray::PolicyTrainer" in cmdline.read_bytes() and _descends_from_this_process(pid):
+                pids.append(pid)
         except OSError:  # the process ended meanwhile
             continue
     return pids
