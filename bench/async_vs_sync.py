@@ -1,50 +1,51 @@
-"""Async vs sync training on the embedded default: the share of the overlap limit, and the loop's fixed cost.
+"""Async vs sync training on the embedded default: how close the async loop comes to its busiest resource, and what
+a user gets from it.
 
 In one process and one Ray session it runs two configurations, GRPO with 8 x 8 and with 16 x 8 prompts x samples
-(responses of up to 16 tokens; flags after ``--`` are added to both), each with ``train.train(args)`` and with
-``train_async.train(args)``, reads the runs' ``metrics.jsonl`` and Ray's task timeline, leaves out the first
+(responses of up to 16 tokens; flags after ``--`` are added to every run), each with ``train.train(args)`` and with
+``train_async.train(args)``, twice over: with ``--lr 0`` (the same work for both drivers) and with the flags' learning
+rate (what a user runs). It reads the runs' ``metrics.jsonl`` and Ray's task timeline, leaves out the first
 ``--warmup`` rollouts, and prints for each configuration:
 
-- G: generation time per rollout, the median ``perf/generate_s`` (RolloutManager.generate) of the sync runs;
-- T: training time per rollout, the median time the actor works on a rollout in the sync runs: ``prepare``
-  (runtime guard, ratio denominator, advantages) plus ``train`` (the optimizer steps), read from Ray's task
-  timeline, because ``perf/train_s`` times only the second part (it is printed too);
-- push: from the start of ``PolicyTrainer.export_weights`` to the end of the engines' ``load_pushed`` (timeline
-  medians; the RolloutManager's ``load_weights`` starts when the driver submits it, and mostly waits);
-- the sync and async wall time per rollout: the median gap between consecutive rollouts' ``time`` stamps;
-- the overlap limit L = (G + T) / max(G, T): the speed-up of a loop that overlaps generation and training
-  perfectly and has no other per-rollout cost;
-- the achieved speed-up R = sync wall / async wall, its share of the limit R / L (goal >= 90 %), and the share of
-  the possible gain (R - 1) / (L - 1), which says more when G is much smaller than T (R / L >= 1 / L even with no
-  overlap at all);
-- the sync loop's fixed cost: its wall time minus the measured work on its critical path, G + T + push (goal:
-  at most 10 % of G + T + push), taken rollout by rollout from the timeline (from one generation's start to the
-  next, the time no call of the loop runs; the median, and its median share of that rollout's work), because
-  on a noisy machine the median wall minus the sum of the parts' medians overstates it (it is printed too); and
-  where it goes: the median idle gap between consecutive critical-path calls (Ray's hand-offs through the
-  driver, and the driver's own work between rollouts);
-- a per-rollout profile of both runs from Ray's task timeline: how long each remote call takes, how long the
-  actor works, and how long it waits (wall - work), and in the async runs where the actor waits: the median idle
-  gap between its calls.
+**Loop efficiency (lr 0).** With ``--lr 0`` the weights never change, so the sync and async runs generate and train
+on the same rollouts (a rollout's samples depend only on its id, the seed and the weights; Adam still takes every
+step, the same operations at a zero step size), and the two loops are compared on the same work:
 
-Both drivers do the same work: every run adds ``--lr 0`` (unless ``--learning``), so the weights never change and
-the sync and async runs generate and train on the same rollouts (a rollout's samples depend only on its id, the seed
-and the weights). Adam still takes every step (the same operations at a zero step size), so the loop's costs are
-those of training. With learning, the async run follows another trajectory than the sync one (it trains on stale
-data): at 8 x 8 its responses were 40 % longer over rollouts 5-39 (3.9 against 2.8 tokens), so it generated and
-trained on more tokens than the sync medians the overlap limit is computed from, and the share measured the two
-trajectories more than the loop.
+- a per-rollout profile of both drivers from Ray's task timeline: each remote call's median, the actor's work
+  (prepare + train + export), the engine's work (its generate + its load of the pushed weights), the wall time
+  (the median gap between consecutive rollouts' ``time`` stamps) and the actor's wait (wall - work);
+- the busiest-resource bound B = sync wall / max(actor work, engine work), all medians of the sync runs: the actor
+  and the engine each run one call at a time, so a rollout of any loop takes at least the longer of the two
+  works, and no overlap can make the async loop faster than B times the sync one. (Running beside each other on
+  a shared machine only makes each work longer, which lowers what the async loop reaches, not B.)
+- the achieved speed-up R = sync wall / async wall and its share of the bound, R / B, which stays at or under
+  100 % up to noise (a share above it says the bound is wrong); and the async actor's busy fraction: the time its
+  prepare, train and export calls ran over the timed rollouts, divided by their wall time (100 %: the actor never
+  waits, and the loop runs as fast as the actor can go);
+- G, T and push, as before: ``perf/generate_s``, the actor's prepare + train, and from the export's start to the
+  engine's load's end; the sync loop's fixed cost, wall - (G + T + push), taken rollout by rollout from the
+  timeline (from one generation's start to the next, the time no call of the loop runs), and where it goes: the
+  median idle gaps between consecutive calls of the sync loop, and between the async actor's calls.
 
-The last two lines are the results, one per configuration, e.g. ``8x8: async/sync speed-up 1.25x = 93% of the
-1.34x overlap limit; sync fixed cost 7.1 ms/rollout = 6% of G + T + push``.
+**Learning (the user's view).** With learning the async run trains on stale data and follows another trajectory
+than the sync one, so its responses have other lengths and each rollout is other work: the loop efficiency above
+does not say what a user gets. Over the same timed rollouts of each run it reports samples per second and
+generated tokens per second (``rollout/num_samples`` and its product with ``rollout/response_length_mean``, over
+the time from the first timed rollout to the last), async against sync; tokens per second normalize away the
+different response lengths.
+
+The last four lines are the results, two per configuration, e.g. ``8x8 loop efficiency (lr 0): async/sync speed-up
+1.25x = 93% of the 1.34x busiest-resource bound; async actor busy 88% of the time; sync fixed cost 3.5 ms/rollout
+= 9% of G + T + push`` and ``8x8 learning: async/sync samples/s 1.21x (1510 vs 1250), generated tokens/s 1.30x
+(...)``.
 
 Run-to-run noise on a small machine is about 10 %, as large as the effect measured, so by default it runs two
-pairs per configuration in the order sync, async, async, sync (``--repeats``) and pools their rollouts, after a
-short untimed warm-up run (the first run in a fresh Ray session is slower). Each run prints the load average, so a
-machine shared with other work shows.
+pairs of each kind per configuration in the order sync, async, async, sync (``--repeats``) and pools their
+rollouts, after a short untimed warm-up run (the first run in a fresh Ray session is slower). Each run prints the
+load average, so a machine shared with other work shows. ``--lr`` after ``--`` sets the learning runs' rate; the
+same-work runs always add ``--lr 0`` last (the last value wins).
 
-Usage: python bench/async_vs_sync.py [--num-rollout 40] [--warmup 5] [--repeats 2] [--keep-logs] [--learning]
-[-- flags...]
+Usage: python bench/async_vs_sync.py [--num-rollout 40] [--warmup 5] [--repeats 2] [--keep-logs] [-- flags...]
 """
 
 from __future__ import annotations
@@ -63,17 +64,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-GOAL_SHARE = 0.90
 GOAL_FIXED_COST = 0.10  # of G + T + push
 CONFIGS = {  # name -> the flags of both of its runs (GRPO is the default estimator; 8 samples per prompt)
     "8x8": ["--rollout-batch-size", "8", "--rollout-max-response-len", "16"],
     "16x8": ["--rollout-batch-size", "16", "--rollout-max-response-len", "16"],
 }
 SAME_WORK = ["--lr", "0"]  # the weights never change: the sync and async runs train on the same rollouts
+MODES = {"lr0": SAME_WORK, "learning": []}  # the same-work runs add --lr 0 last (it overrides an --lr after '--')
 GENERATE_KEY = "perf/generate_s"
 TRAIN_KEY = "perf/train_s"
 PUSH_KEY = "perf/last_push_s"
+NUM_SAMPLES_KEY = "rollout/num_samples"
+RESPONSE_LENGTH_KEY = "rollout/response_length_mean"
 ACTOR_WORK = ("PolicyTrainer.prepare", "PolicyTrainer.train", "PolicyTrainer.export_weights")
+ENGINE_WORK = ("TorchRolloutEngine.generate", "TorchRolloutEngine.load_pushed")  # the engine's own calls
 PROFILED_CALLS = (
     "RolloutManager.generate", "TorchRolloutEngine.generate", *ACTOR_WORK,
     "RolloutManager.load_weights", "TorchRolloutEngine.load_pushed",
@@ -115,20 +119,51 @@ def wall_per_rollout(runs: list[list[dict]], warmup: int) -> float:
     return statistics.median(gaps)
 
 
-def overlap_limit(generate_s: float, train_s: float) -> float:
-    """L = (G + T) / max(G, T): sync pays G + T per rollout, a perfect overlap pays only the longer of the two."""
-    return (generate_s + train_s) / max(generate_s, train_s)
+def busiest_resource_bound(sync_wall_s: float, actor_work_s: float, engine_work_s: float) -> float:
+    """B = sync wall / max(actor work, engine work), seconds per rollout of the same (sync) runs.
+
+    The actor runs its prepare, train and export one at a time, and the engine its generate and its load of the
+    pushed weights, so no loop runs a rollout in less than the longer of the two works: B is the largest speed-up
+    any overlap of the two can give over the sync loop.
+    """
+    return sync_wall_s / max(actor_work_s, engine_work_s)
 
 
-def share_of_gain(ratio: float, limit: float) -> float:
-    """(R - 1) / (L - 1): the part of the possible saving the async loop realizes (0 = none, 1 = all)."""
-    return (ratio - 1.0) / (limit - 1.0)
-
-
-def speedup_line(sync_wall_s: float, async_wall_s: float, limit: float) -> str:
-    """``async/sync speed-up Rx = S% of the Lx overlap limit`` with R = sync / async wall time and S = R / L."""
+def speedup_line(sync_wall_s: float, async_wall_s: float, bound: float) -> str:
+    """``async/sync speed-up Rx = S% of the Bx busiest-resource bound`` with R = sync / async wall, S = R / B."""
     ratio = sync_wall_s / async_wall_s
-    return f"async/sync speed-up {ratio:.2f}x = {ratio / limit:.0%} of the {limit:.2f}x overlap limit"
+    return f"async/sync speed-up {ratio:.2f}x = {ratio / bound:.0%} of the {bound:.2f}x busiest-resource bound"
+
+
+def timed_windows(runs: list[list[dict]], warmup: int) -> list[tuple[float, float]]:
+    """``(start, end)`` unix seconds of each run's timed rollouts: from the ``time`` stamp of rollout ``warmup`` to
+    that of its last rollout."""
+    return [(steady[0]["time"], steady[-1]["time"]) for steady in (steady_records(r, warmup) for r in runs)]
+
+
+def busy_fraction(events: list[dict], runs: list[list[dict]], warmup: int, calls: tuple[str, ...]) -> float:
+    """The share of the runs' timed rollouts during which one of ``calls`` ran: the summed durations of the calls
+    that started inside a run's timed window, over the summed windows' lengths (``calls`` run one at a time, in
+    one process, so their durations do not overlap)."""
+    windows = timed_windows(runs, warmup)
+    durations = call_durations(events, windows)
+    busy = sum(sum(durations.get(name, [])) for name in calls)
+    return busy / sum(end - start for start, end in windows)
+
+
+def throughput(runs: list[list[dict]], warmup: int) -> tuple[float, float]:
+    """``(samples/s, generated tokens/s)`` over the runs' timed rollouts, pooled: the samples
+    (``rollout/num_samples``) and tokens (samples x ``rollout/response_length_mean``) of the rollouts after rollout
+    ``warmup``, over the time from rollout ``warmup``'s ``time`` stamp to the last one's, the span they were made
+    in."""
+    samples = tokens = seconds = 0.0
+    for records in runs:
+        steady = steady_records(records, warmup)
+        made = steady[1:]
+        samples += sum(record[NUM_SAMPLES_KEY] for record in made)
+        tokens += sum(record[NUM_SAMPLES_KEY] * record[RESPONSE_LENGTH_KEY] for record in made)
+        seconds += steady[-1]["time"] - steady[0]["time"]
+    return samples / seconds, tokens / seconds
 
 
 def call_durations(events: list[dict], windows: list[tuple[float, float]]) -> dict[str, list[float]]:
@@ -149,8 +184,8 @@ def call_durations(events: list[dict], windows: list[tuple[float, float]]) -> di
 
 def call_medians(events: list[dict], runs: list[list[dict]], warmup: int) -> dict[str, float]:
     """Median seconds of each remote call (by ``Class.method``) over the timed rollouts of ``runs``, pooled."""
-    windows = [(steady[0]["time"], steady[-1]["time"]) for steady in (steady_records(r, warmup) for r in runs)]
-    return {name: statistics.median(durations) for name, durations in call_durations(events, windows).items()}
+    return {name: statistics.median(durations)
+            for name, durations in call_durations(events, timed_windows(runs, warmup)).items()}
 
 
 def critical_path_calls(events: list[dict], steady: list[dict], path: tuple[str, ...]
@@ -293,19 +328,21 @@ def training_argv(num_rollout: int, extra: list[str]) -> list[str]:
     return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", *extra]
 
 
-def config_report(name: str, runs: dict[str, list[list[dict]]], events: list[dict], warmup: int
-                  ) -> tuple[list[str], str]:
-    """One configuration's printed lines and its result line. ``runs`` maps "sync"/"async" to the metrics records
-    of each repeat."""
+def loop_efficiency(name: str, runs: dict[str, list[list[dict]]], events: list[dict], warmup: int
+                    ) -> tuple[list[str], str]:
+    """The same-work (lr 0) runs of one configuration: printed lines and the result line. ``runs`` maps
+    "sync"/"async" to the metrics records of each repeat."""
     profiles = {kind: profile_runs(events, kind_runs, warmup, PROFILED_CALLS, ACTOR_WORK)
                 for kind, kind_runs in runs.items()}
+    for profile in profiles.values():
+        profile["engine work"] = sum(profile[call] for call in ENGINE_WORK)
     sync_profile, async_profile = profiles["sync"], profiles["async"]
+    bound = busiest_resource_bound(sync_profile["wall"], sync_profile["actor work"], sync_profile["engine work"])
+    ratio = sync_profile["wall"] / async_profile["wall"]
+    actor_busy = busy_fraction(events, runs["async"], warmup, ACTOR_WORK)
     generate_s = median_metric(runs["sync"], GENERATE_KEY, warmup)
     train_s = sync_profile["PolicyTrainer.prepare"] + sync_profile["PolicyTrainer.train"]
     push_s = push_spans(events, runs["sync"], warmup)
-    limit = overlap_limit(generate_s, train_s)
-    ratio = sync_profile["wall"] / async_profile["wall"]
-    work_s = generate_s + train_s + push_s
     cycles = sync_cycles(events, runs["sync"], warmup)
     fixed_s = statistics.median(idle for _, idle in cycles)
     fixed_share = statistics.median(idle / work for work, idle in cycles)
@@ -313,39 +350,59 @@ def config_report(name: str, runs: dict[str, list[list[dict]]], events: list[dic
     actor_gaps = critical_path_gaps(events, runs["async"], warmup, ACTOR_WORK)
     metric_medians = ", ".join(f"{key} {median_metric(runs['sync'], key, warmup) * MS:.1f} ms"
                                for key in (GENERATE_KEY, TRAIN_KEY, PUSH_KEY))
+    rows = [*PROFILED_CALLS, "actor work", "engine work", "wall", "actor waits (wall - work)"]
     lines = [
-        f"{name}: rollouts {warmup}.. of {len(runs['sync'])} run(s) each (the first {warmup} are warm-up), medians:",
-        *profile_table(profiles, list(sync_profile)),
+        f"{name} loop efficiency (lr 0): rollouts {warmup}.. of {len(runs['sync'])} run(s) each, medians:",
+        *profile_table(profiles, rows),
         f"  sync run metrics: {metric_medians} (perf/train_s: optimizer steps only)",
+        (f"  busiest-resource bound: sync wall {sync_profile['wall'] * MS:.1f} ms / max(actor work "
+         f"{sync_profile['actor work'] * MS:.1f}, engine work {sync_profile['engine work'] * MS:.1f}) = {bound:.2f}x; "
+         f"achieved {ratio:.2f}x = {ratio / bound:.0%} of it; the async actor is busy {actor_busy:.0%} of the time"),
         (f"  G = {generate_s * MS:.1f} ms generate, T = {train_s * MS:.1f} ms train (actor prepare + train), "
-         f"push = {push_s * MS:.1f} ms (export to loaded); sync {sync_profile['wall'] * MS:.1f} ms/rollout, "
-         f"async {async_profile['wall'] * MS:.1f} ms/rollout"),
-        (f"  overlap limit (G + T) / max(G, T) = {limit:.2f}x; achieved {ratio:.2f}x = "
-         f"{share_of_gain(ratio, limit):.0%} of the possible gain; goal: >= {GOAL_SHARE:.0%} of the limit"),
-        (f"  sync fixed cost, rollout by rollout (generate to next generate, minus the time a call of the sync loop "
-         f"runs): {fixed_s * MS:.1f} ms/rollout = {fixed_share:.0%} of its G + T + push (goal: <= "
-         f"{GOAL_FIXED_COST:.0%}); from the medians, wall - (G + T + push) = "
-         f"{(sync_profile['wall'] - work_s) * MS:.1f} ms"),
+         f"push = {push_s * MS:.1f} ms (export to loaded); sync fixed cost, rollout by rollout (generate to next "
+         f"generate, minus the time a call of the sync loop runs): {fixed_s * MS:.1f} ms/rollout = {fixed_share:.0%} "
+         f"of its G + T + push (goal: <= {GOAL_FIXED_COST:.0%}); from the medians, wall - (G + T + push) = "
+         f"{(sync_profile['wall'] - generate_s - train_s - push_s) * MS:.1f} ms"),
         "  idle between the sync loop's calls, median ms: "
         + ", ".join(f"{label} {gap * MS:.1f}" for label, gap in gaps.items()),
         "  async actor idle between its calls, median ms: "
         + ", ".join(f"{label} {gap * MS:.1f}" for label, gap in actor_gaps.items()),
     ]
-    result = (f"{name}: {speedup_line(sync_profile['wall'], async_profile['wall'], limit)}; sync fixed cost "
-              f"{fixed_s * MS:.1f} ms/rollout = {fixed_share:.0%} of G + T + push")
+    result = (f"{name} loop efficiency (lr 0): {speedup_line(sync_profile['wall'], async_profile['wall'], bound)}; "
+              f"async actor busy {actor_busy:.0%} of the time; sync fixed cost {fixed_s * MS:.1f} ms/rollout = "
+              f"{fixed_share:.0%} of G + T + push")
+    return lines, result
+
+
+def learning_view(name: str, runs: dict[str, list[list[dict]]], warmup: int) -> tuple[list[str], str]:
+    """The learning runs of one configuration: samples/s and generated tokens/s of each driver over the same
+    timed rollouts, and the result line with their async/sync ratios."""
+    rates = {kind: throughput(kind_runs, warmup) for kind, kind_runs in runs.items()}
+    lengths = {kind: statistics.mean(record[RESPONSE_LENGTH_KEY] for records in kind_runs
+                                     for record in steady_records(records, warmup)[1:])
+               for kind, kind_runs in runs.items()}
+    lines = [f"{name} learning: rollouts {warmup + 1}.. of {len(runs['sync'])} run(s) each, over their span:"]
+    lines += [f"  {kind}: {samples:.0f} samples/s, {tokens:.0f} generated tokens/s (mean response "
+              f"{lengths[kind]:.2f} tokens)" for kind, (samples, tokens) in rates.items()]
+    (sync_samples, sync_tokens), (async_samples, async_tokens) = rates["sync"], rates["async"]
+    result = (f"{name} learning: async/sync samples/s {async_samples / sync_samples:.2f}x "
+              f"({async_samples:.0f} vs {sync_samples:.0f}), generated tokens/s {async_tokens / sync_tokens:.2f}x "
+              f"({async_tokens:.0f} vs {sync_tokens:.0f})")
     return lines, result
 
 
 def report(runs: dict[str, list[list[dict]]], events: list[dict], warmup: int) -> list[str]:
-    """The printed result; the last lines are the results, one per configuration. ``runs`` maps
-    ``"<config>-sync"``/``"<config>-async"`` to the metrics records of each repeat."""
+    """The printed result; the last lines are the results, two per configuration. ``runs`` maps
+    ``"<config>-<mode>-<driver>"`` (modes: ``MODES``) to the metrics records of each repeat."""
     lines, results = [], []
     for name in CONFIGS:
-        config_lines, result = config_report(
-            name, {kind: runs[f"{name}-{kind}"] for kind in ("sync", "async")}, events, warmup
-        )
-        lines += config_lines
-        results.append(result)
+        def kinds(mode: str) -> dict[str, list[list[dict]]]:
+            return {driver: runs[f"{name}-{mode}-{driver}"] for driver in ("sync", "async")}
+
+        for config_lines, result in (loop_efficiency(name, kinds("lr0"), events, warmup),
+                                     learning_view(name, kinds("learning"), warmup)):
+            lines += config_lines
+            results.append(result)
     return lines + results
 
 
@@ -410,20 +467,11 @@ def run_schedule(schedule: list[tuple[str, str, list[str]]], options: argparse.N
 
 def main() -> None:
     options = parse_options(__doc__, default_num_rollout=40,
-                            repeats_help="sync/async pairs, in alternating order (sync async, async sync, ...), "
-                                         "pooled; more damp a shared machine's noise",
-                            add_options=lambda parser: parser.add_argument(
-                                "--learning", action="store_true",
-                                help=f"train with the flags' learning rate instead of {' '.join(SAME_WORK)}: the sync "
-                                     "and async runs then train on different rollouts"))
-    if not options.learning and any(arg == "--lr" or arg.startswith("--lr=") for arg in options.extra):
-        sys.exit("bench/async_vs_sync.py: --lr after '--' would replace the benchmark's --lr 0 (the same work for "
-                 "both drivers); add --learning to train with another learning rate")
-    same_work = [] if options.learning else SAME_WORK
-    print("[bench] " + ("with learning: the sync and async runs train on different rollouts" if options.learning
-                        else f"{' '.join(SAME_WORK)}: the sync and async runs train on the same rollouts"), flush=True)
-    schedule = [(f"{name}-{driver}", driver, training_argv(options.num_rollout, [*flags, *same_work, *options.extra]))
-                for name, flags in CONFIGS.items() for repeat in range(options.repeats)
+                            repeats_help="sync/async pairs of each kind, in alternating order (sync async, async "
+                                         "sync, ...), pooled; more damp a shared machine's noise")
+    schedule = [(f"{name}-{mode}-{driver}", driver,
+                 training_argv(options.num_rollout, [*flags, *options.extra, *MODES[mode]]))
+                for name, flags in CONFIGS.items() for mode in MODES for repeat in range(options.repeats)
                 for driver in alternating_order(["sync", "async"], repeat)]
     runs, events = run_schedule(schedule, options, "miles-bench-async-")
     print("\n".join(report(runs, events, options.warmup)))

@@ -2,9 +2,15 @@
 
 In one process and one Ray session it runs ``train_async.train`` four times with the same settings and rollout
 seeds: GRPO without a correction (the baseline), and PPO with ``--use-rollout-logprobs``, with ``--use-tis`` and
-with ``--keep-old-actor``. Leaving out the first ``--warmup`` rollouts, it prints for each run:
+with ``--keep-old-actor``. Every run adds ``--lr 0`` (last, so it overrides an ``--lr`` after ``--``): with
+learning each arm would train on its own trajectory, with its own response lengths, and the arms would do
+different work; at lr 0 the weights never change, every arm generates and trains on the same rollouts (the
+printed mean response length shows it), and the differences are the corrections' costs. (Adam and the critic
+still take every step, at a zero step size.) Leaving out the first ``--warmup`` rollouts, it prints for each run:
 
 - wall: the median time between consecutive rollouts (``time`` stamps in ``metrics.jsonl``);
+- tokens: the mean generated tokens per rollout (``rollout/num_samples`` x ``rollout/response_length_mean``), the
+  same for every arm at lr 0;
 - perf/train_s: the median time of the actor's optimizer steps (the metric);
 - prepare: the median time of the actor's ``prepare`` call (runtime guard, ratio denominator, advantages), from
   Ray's task timeline: this is where the corrections differ (rollout log-probs skip the recompute pass,
@@ -27,6 +33,9 @@ from __future__ import annotations
 
 from async_vs_sync import (  # bench/ is sys.path[0] when run as `python bench/corrections.py`
     MS,
+    NUM_SAMPLES_KEY,
+    RESPONSE_LENGTH_KEY,
+    SAME_WORK,
     TRAIN_KEY,
     alternating_order,
     call_medians,
@@ -34,6 +43,7 @@ from async_vs_sync import (  # bench/ is sys.path[0] when run as `python bench/c
     parse_options,
     profile_table,
     run_schedule,
+    steady_records,
     training_argv,
     wall_per_rollout,
 )
@@ -62,12 +72,15 @@ def peak_rss_mb(runs: list[list[dict]]) -> float:
 
 
 def run_costs(runs: list[list[dict]], medians: dict[str, float], warmup: int) -> dict[str, float]:
-    """Per-rollout costs of one configuration's runs (pooled): wall (s), perf/train_s (s), the actor's prepare
-    (s, from ``medians``, the runs' call medians) and the actor's peak RSS (MB)."""
+    """Per-rollout costs of one configuration's runs (pooled): wall (s), generated tokens (mean), perf/train_s (s),
+    the actor's prepare (s, from ``medians``, the runs' call medians) and the actor's peak RSS (MB)."""
     if PREPARE_CALL not in medians:
         raise ValueError(f"Ray's task timeline has no {PREPARE_CALL} calls in the timed rollouts")
+    tokens = [record[NUM_SAMPLES_KEY] * record[RESPONSE_LENGTH_KEY]
+              for records in runs for record in steady_records(records, warmup)]
     return {
         "wall": wall_per_rollout(runs, warmup),
+        "tokens": sum(tokens) / len(tokens),
         "train": median_metric(runs, TRAIN_KEY, warmup),
         "prepare": medians[PREPARE_CALL],
         "rss": peak_rss_mb(runs),
@@ -82,24 +95,26 @@ def relative(costs: dict[str, dict[str, float]], baseline: str) -> dict[str, dic
 def cost_table(costs: dict[str, dict[str, float]], ratios: dict[str, dict[str, float]]) -> list[str]:
     """Aligned lines, one per run: each quantity and its ratio to the baseline."""
     width = max(len(name) for name in costs)
-    header = (f"  {'run'.ljust(width)}  {'wall ms/rollout':>18}  {'perf/train_s ms':>18}  {'prepare ms':>16}  "
-              f"{'actor peak RSS MB':>20}")
+    header = (f"  {'run'.ljust(width)}  {'wall ms/rollout':>18}  {'tokens/rollout':>18}  {'perf/train_s ms':>18}  "
+              f"{'prepare ms':>16}  {'actor peak RSS MB':>20}")
     lines = [header]
     for name, run in costs.items():
         ratio = ratios[name]
         lines.append(
             f"  {name.ljust(width)}  {run['wall'] * MS:9.1f} ({ratio['wall']:.2f}x)  "
-            f"{run['train'] * MS:9.1f} ({ratio['train']:.2f}x)  {run['prepare'] * MS:7.1f} ({ratio['prepare']:.2f}x)  "
+            f"{run['tokens']:9.1f} ({ratio['tokens']:.2f}x)  {run['train'] * MS:9.1f} ({ratio['train']:.2f}x)  "
+            f"{run['prepare'] * MS:7.1f} ({ratio['prepare']:.2f}x)  "
             f"{run['rss']:11.1f} ({ratio['rss']:.2f}x)"
         )
     return lines
 
 
 def summary_line(ratios: dict[str, dict[str, float]], baseline: str) -> str:
-    """``vs async grpo without a correction: <run> wall/rollout 1.52x, peak RSS 1.01x; ...``."""
-    parts = [f"{name} wall/rollout {run['wall']:.2f}x, peak RSS {run['rss']:.2f}x"
+    """``vs async grpo without a correction (--lr 0: the same rollouts): <run> wall/rollout 1.52x (tokens 1.00x),
+    peak RSS 1.01x; ...``."""
+    parts = [f"{name} wall/rollout {run['wall']:.2f}x (tokens {run['tokens']:.2f}x), peak RSS {run['rss']:.2f}x"
              for name, run in ratios.items() if name != baseline]
-    return f"vs async {baseline} without a correction: " + "; ".join(parts)
+    return f"vs async {baseline} without a correction ({' '.join(SAME_WORK)}: the same rollouts): " + "; ".join(parts)
 
 
 def report(records: dict[str, list[list[dict]]], events: list[dict], warmup: int) -> list[str]:
@@ -122,7 +137,7 @@ def main() -> None:
     options = parse_options(__doc__, default_num_rollout=40,
                             repeats_help="rounds over the four runs, every other one in reverse order, pooled; more "
                                          "damp a shared machine's noise")
-    schedule = [(name, "async", training_argv(options.num_rollout, [*RUNS[name], *options.extra]))
+    schedule = [(name, "async", training_argv(options.num_rollout, [*RUNS[name], *options.extra, *SAME_WORK]))
                 for repeat in range(options.repeats) for name in alternating_order(list(RUNS), repeat)]
     records, events = run_schedule(schedule, options, "miles-bench-corrections-")
     print("\n".join(report(records, events, options.warmup)))

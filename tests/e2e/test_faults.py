@@ -1,6 +1,7 @@
 """Faults at run time end in one line and keep the work done: divergence, SIGINT/SIGTERM, a dead process."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,21 +28,24 @@ def _run_cli(capsys, args) -> tuple[int, str]:
 
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_the_last_finite_rollout(make_args, tmp_path, capsys):
+    """An Adam step of 1e10 ruins the weights. Where the non-finite number shows first (the engine's sampling, a
+    loss, a gradient norm, the pushed weights) depends on the CPU's arithmetic, so the test asserts what holds on
+    every path: one line naming the rollout and the fix, the rollouts before it logged, and the last of them
+    saved and named for the resume."""
     save = tmp_path / "ckpt"
     args = make_args("--lr", "1e10", "--save", str(save), "--save-interval", "10")
     status, err = _run_cli(capsys, args)
-    # Rollout 0 trains (finite loss and gradients, clipped) but one Adam step of 1e10 gives weights whose logits are
-    # infinite: the engine finds it sampling rollout 1 with them, before torch.multinomial would fail.
-    assert status == 1 and "Traceback" not in err
-    assert err.splitlines()[-1] == (
-        "error: rollout 1, weight version 2: the rollout engine's next-token probabilities are not finite (the "
-        "weights give infinite logits); the training diverged: lower --lr, keep --clip-grad finite (default 1.0), or "
-        "check the rewards (--rm-type / --custom-rm-path) and --entropy-coef / --kl-loss-coef. "
-        f"Saved rollout 0 in {save}; resume with --load {save}."
-    )
-    assert "bug in miles" not in err
-    assert [record["rollout_id"] for record in read_metrics(args.log_dir)] == [0]
-    assert checkpoint.latest_rollout_id(str(save)) == 0
+    assert status == 1 and "Traceback" not in err and "bug in miles" not in err
+    last = err.splitlines()[-1]
+    stopped = re.fullmatch(r"error: (?:rollout (\d+)\b.*|weight version \d+): .*the training diverged: lower --lr, "
+                           r".*\. (.*)", last)
+    assert stopped, last
+    logged = [record["rollout_id"] for record in read_metrics(args.log_dir)]
+    finished = len(logged)  # rollout 0 starts from finite weights; the run does not reach its end
+    assert logged == list(range(finished)) and 1 <= finished < args.num_rollout, (logged, last)
+    assert stopped[1] is None or int(stopped[1]) == finished, last  # the line names the rollout that diverged
+    assert checkpoint.latest_rollout_id(str(save)) == finished - 1
+    assert stopped[2] == f"Saved rollout {finished - 1} in {save}; resume with --load {save}."
 
 
 class PolicyTrainer(train_process.PolicyTrainer):  # the same class name, as Ray reports it for a real actor

@@ -53,7 +53,6 @@ def check_wandb_has_the_jsonl_numbers(run_dir) -> None:
 
 @pytest.mark.megatron
 def test_the_logged_rate_follows_the_schedule_on_megatron(make_args):
-    pytest.importorskip("megatron.core")
     args = make_args(*SCHEDULE, "--train-backend", "megatron")
     train.train(args)
     check_rates(read_metrics(args.log_dir), range(ROLLOUTS))

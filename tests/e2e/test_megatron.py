@@ -10,8 +10,6 @@ import train
 import train_async
 from miles.tracking.metrics import read_metrics
 
-pytest.importorskip("megatron.core")
-
 pytestmark = [pytest.mark.e2e, pytest.mark.megatron, pytest.mark.timeout(300)]
 MEGATRON = ["--train-backend", "megatron"]
 

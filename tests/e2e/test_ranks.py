@@ -65,53 +65,68 @@ def _single_process_metrics(make_args, tmp_path, backend: str) -> list[dict]:
     ids=["torch-dp2", "megatron-dp2", "megatron-tp2"],
 )
 def test_ranks_log_the_single_process_metrics(make_args, tmp_path, backend, ranks):
-    if backend == "megatron":
-        pytest.importorskip("megatron.core")
     single = _single_process_metrics(make_args, tmp_path, backend)
     _assert_same_metrics(single, _run_sync(make_args(*GRPO, "--train-backend", backend, *ranks)))
 
 
+def _parent(pid: int) -> int:
+    """The parent pid, from /proc/PID/stat (the field after the parenthesized command name)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _descends_from_this_process(pid: int) -> bool:
+    """True for a process this test process started, directly or not (ray.init here started the raylet, which
+    starts the workers): other test sessions on the same machine have ranks of their own."""
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _rank_processes() -> list[int]:
-    """Pids of live actor ranks (Ray titles a rank's process after its trainer class: ``ray::PolicyTrainer...``)."""
+    """Pids of this Ray session's live actor ranks (Ray titles a rank's process after its trainer class:
+    ``ray::PolicyTrainer...``)."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"ray::PolicyTrainer" in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
+            pid = int(cmdline.parent.name)
+            if b"ray::PolicyTrainer" in cmdline.read_bytes() and _descends_from_this_process(pid):
+                pids.append(pid)
         except OSError:  # the process ended meanwhile
             continue
     return pids
 
 
 def test_a_killed_rank_ends_the_run_with_an_error_and_releases_every_rank(make_args):
-    """SIGKILL one actor rank while the run trains: the run fails within 60 s and no rank process is left."""
+    """SIGKILL one actor rank while the run trains: the run fails with the dead rank's one-line error and no rank
+    process is left. No clock is asserted: the surviving rank's collectives end at the latest after the process
+    group's own time-out (COLLECTIVE_TIMEOUT_S), and this module's pytest time-out turns any hang into a failure."""
     args = make_args(*GRPO, *DP2, "--num-rollout", "200")
-    killed: list[int] = []
+    killed, run_over = threading.Event(), threading.Event()
 
     def kill_rank_one_once_training():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
+        while not run_over.is_set() and not killed.is_set():
             ranks = _rank_processes()
             if len(ranks) == 2 and os.path.exists(os.path.join(args.log_dir, "metrics.jsonl")):
                 os.kill(max(ranks), signal.SIGKILL)
-                killed.append(time.monotonic())
+                killed.set()
             time.sleep(0.2)
 
     killer = threading.Thread(target=kill_rank_one_once_training, daemon=True)
     killer.start()
-    with pytest.raises(Exception) as failure:
-        _run_sync(args)
-    ended = time.monotonic()
-    killer.join()
-    assert killed, "no rank was killed: the run ended before training started"
-    assert ended - killed[0] < 60
+    try:
+        with pytest.raises(Exception) as failure:
+            _run_sync(args)
+    finally:
+        run_over.set()
+        killer.join()
+    assert killed.is_set(), "no rank was killed: the run ended before training started"
     assert isinstance(failure.value, ProcessDiedError), failure.value
     assert re.match(r"the actor's rank [01] \(pid \d+\) process died (after rollout \d+|during start-up); the run "
                     r"stopped\. Nothing is saved \(no --save\)\.$", str(failure.value)), failure.value
-    deadline = time.monotonic() + 30
-    while _rank_processes() and time.monotonic() < deadline:
+    while _rank_processes():  # ray.kill ends the released ranks asynchronously
         time.sleep(0.5)
-    assert not _rank_processes()
 
 
 class RankOneShardCorruptingTrainer(PolicyTrainer):
@@ -133,7 +148,6 @@ def test_keep_old_actor_at_tensor_parallel_two_passes_the_guard_and_catches_one_
         make_args, monkeypatch):
     """Async PPO, actor and critic at TP=2: rollouts 0 and 1 pass the guard with the engine-exact denominator; the
     snapshot of version 2, corrupted on rank 1 only, stops rollout 2 with OffPolicyGuardError."""
-    pytest.importorskip("megatron.core")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this module
     monkeypatch.setattr(miles.ray.run, "PolicyTrainer", RankOneShardCorruptingTrainer)
     args = make_args("--train-backend", "megatron", *TP2, "--advantage-estimator", "ppo", "--keep-old-actor",
@@ -166,7 +180,6 @@ def test_a_tensor_parallel_checkpoint_resumes_with_more_data_parallel_ranks_but_
         make_args, tmp_path):
     """TP rank 0 writes the gathered HF weights and every TP rank's optimizer state (its shards'); a resume at TP=2
     x DP=2 continues, a resume at TP=1 is refused naming both sizes."""
-    pytest.importorskip("megatron.core")
     save = tmp_path / "ckpt"
     megatron = ["--train-backend", "megatron", "--save", str(save), "--load", str(save)]
     _run_sync(make_args(*GRPO, *megatron, *TP2, "--num-rollout", "2", "--log-dir", str(tmp_path / "tp2")))

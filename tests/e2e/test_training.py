@@ -5,9 +5,12 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import train
 import train_async
+from miles.backends.training_utils import checkpoint
 from miles.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -34,11 +37,13 @@ def column(records: list[dict], name: str) -> list:
     return [record[name] for record in records]
 
 
-@pytest.mark.parametrize("correction", ["--use-rollout-logprobs", "--use-tis", "--keep-old-actor"])
-def test_async_ppo_runs_with_each_correction(make_args, correction):
+@pytest.mark.parametrize(("correction", "label"), [("--use-rollout-logprobs", "rollout_logprobs"), ("--use-tis", "tis"),
+                                                   ("--keep-old-actor", "keep_old_actor")])
+def test_async_ppo_runs_with_each_correction(make_args, correction, label):
     records = run_async(make_args("--advantage-estimator", "ppo", correction))
     assert column(records, "rollout_id") == [0, 1, 2, 3]
     assert column(records, "off_policy/staleness_max") == [0, 1, 1, 1]
+    assert set(column(records, "off_policy/correction")) == {label}
     for record in records:
         assert math.isfinite(record["train/pg_loss"]) and math.isfinite(record["critic/value_loss"])
 
@@ -57,9 +62,19 @@ def test_sync_ppo_runs_without_correction_and_is_never_stale(make_args):
 
 
 @pytest.mark.parametrize("estimator", ["gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
-def test_every_other_estimator_trains(make_args, estimator):
-    records = run_sync(make_args("--advantage-estimator", estimator, "--normalize-advantages", "--num-rollout", "2"))
+def test_every_other_estimator_trains(make_args, embedded_cache, tmp_path, estimator):
+    """Two rollouts change the weights: the checkpoint saved at the end differs from the initial weights in most
+    tensors, and is finite."""
+    save = tmp_path / "ckpt"
+    records = run_sync(make_args("--advantage-estimator", estimator, "--normalize-advantages", "--num-rollout", "2",
+                                 "--save", str(save)))
     assert len(records) == 2 and all(math.isfinite(r["train/loss"]) for r in records)
+    initial = load_file(Path(embedded_cache.checkpoint_dir) / "model.safetensors")
+    trained = load_file(checkpoint.rollout_dir(str(save), 1) / "actor" / "model.safetensors")
+    assert trained.keys() == initial.keys()
+    assert all(torch.isfinite(tensor).all() for tensor in trained.values())
+    changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
+    assert len(changed) > len(initial) // 2, f"only {changed} of {len(initial)} tensors changed"
 
 
 def test_uncorrected_async_grpo_denominator_drifts_from_the_engine(make_args):

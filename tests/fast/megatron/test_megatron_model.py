@@ -10,15 +10,13 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-pytest.importorskip("megatron.core")
-
-from miles.backends import load_train_model  # noqa: E402
-from miles.backends.megatron_backend.qwen2 import megatron_to_hf  # noqa: E402
-from miles.backends.training_utils.train_process import ValueTrainer  # noqa: E402
-from miles.guard.fingerprint import weights_fingerprint  # noqa: E402
-from miles.utils.errors import OffPolicyGuardError  # noqa: E402
-from miles.utils.types import Sample  # noqa: E402
-from tests.fast.trainers import (  # noqa: E402
+from miles.backends import load_train_model
+from miles.backends.megatron_backend.qwen2 import megatron_to_hf
+from miles.backends.training_utils.train_process import ValueTrainer
+from miles.guard.fingerprint import weights_fingerprint
+from miles.utils.errors import OffPolicyGuardError
+from miles.utils.types import Sample
+from tests.fast.trainers import (
     engine_with,
     make_rollout,
     max_change,
@@ -27,7 +25,7 @@ from tests.fast.trainers import (  # noqa: E402
     trainer_args,
 )
 
-pytestmark = pytest.mark.usefixtures("restore_torch_threads")
+pytestmark = [pytest.mark.megatron, pytest.mark.usefixtures("restore_torch_threads")]
 
 
 def _sample(prompt: list[int], response: list[int], index: int) -> Sample:

@@ -1,7 +1,10 @@
 """The rank flags' rules, checked by the real parser: each refusal names the value, the rule and the fix."""
 
 import pytest
+import torch
 
+from miles.backends.training_utils.train_process import run_optimizer_steps
+from miles.ranks.data_parallel import DataParallelRank
 from miles.ranks.layout import RoleLayout, train_layouts
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError
@@ -44,12 +47,51 @@ def test_a_layout_that_cannot_work_is_refused(argv, message):
         parse_args(argv=[*SMALL, *argv])
 
 
-def test_a_micro_batch_larger_than_a_ranks_share_is_one_pass_over_it():
+class _OneRanksView(DataParallelRank):
+    """Rank ``rank`` of ``size`` taking its slice of each step; the group's reductions are left out (nothing to
+    sum with: this test looks at which samples the rank's passes take)."""
+
+    def reduce_gradients(self, parameters) -> None:
+        pass
+
+    def sum_totals(self, totals: dict[str, float]) -> dict[str, float]:
+        return totals
+
+
+def _passes(args, rank: int) -> list[list[int]]:
+    """The micro-batches (sample indices) rank ``rank`` of the args' actor layout runs over one rollout of
+    ``--rollout-batch-size x --n-samples-per-prompt`` samples, from the real step loop."""
+    (layout, *_) = train_layouts(args)
+    weight = torch.nn.Parameter(torch.zeros(1))
+    passes = []
+
+    def micro_batch_loss(indices, divisor):
+        passes.append(list(indices))
+        return weight.sum() * 0.0, {}
+
+    num_samples = args.rollout_batch_size * args.n_samples_per_prompt
+    run_optimizer_steps(lambda max_norm: 0.0, torch.optim.SGD([weight], lr=0.0), [torch.ones(1)] * num_samples,
+                        args.global_batch_size, args.micro_batch_size, False, 1.0, micro_batch_loss,
+                        data_parallel=_OneRanksView(rank, layout.data_parallel_size, group=None))
+    return passes
+
+
+@pytest.mark.parametrize(
+    ("argv", "passes_by_rank"),
+    [
+        ([], [[list(range(16))]]),  # one rank: --micro-batch-size 128 above the 16-sample step means one pass
+        (["--actor-num-gpus-per-node", "2"], [[list(range(8))], [list(range(8, 16))]]),  # 8 samples per rank
+        (["--actor-num-gpus-per-node", "2", "--micro-batch-size", "4"],
+         [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]]]),  # upstream's rule: it fits
+        (["--colocate", "--actor-num-gpus-per-node", "2"], [[list(range(8))], [list(range(8, 16))]]),
+        (["--train-backend", "megatron", "--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"],
+         [[list(range(16))]]),  # TP=2 x DP=1: the one data-parallel rank takes the whole step
+    ],
+    ids=["one-rank", "dp2", "dp2-micro4", "colocated-dp2", "tp2"],
+)
+def test_a_micro_batch_larger_than_a_ranks_share_is_one_pass_over_it(argv, passes_by_rank):
     """Upstream's rule where the micro-batch fits a rank's share; above it (miles' default 128 in an upstream
-    launcher that relied on upstream's default 1), one pass, as for one process."""
-    parse_args(argv=SMALL)  # one rank: --micro-batch-size 128 above the 16-sample step means one pass
-    parse_args(argv=[*SMALL, "--actor-num-gpus-per-node", "2"])  # 8 samples per rank, one pass
-    parse_args(argv=[*SMALL, "--actor-num-gpus-per-node", "2", "--micro-batch-size", "4"])
-    parse_args(argv=[*SMALL, "--colocate", "--actor-num-gpus-per-node", "2"])  # engines share the actor's bundle
-    parse_args(argv=[*SMALL, "--train-backend", "megatron", "--tensor-model-parallel-size", "2",
-                     "--actor-num-gpus-per-node", "2"])  # TP=2 x DP=1
+    launcher that relied on upstream's default 1), one pass over the share, as for one process: the layout is
+    accepted and the real step loop runs each data-parallel rank's share in those passes."""
+    args = parse_args(argv=[*SMALL, *argv])
+    assert [_passes(args, rank) for rank in range(len(passes_by_rank))] == passes_by_rank

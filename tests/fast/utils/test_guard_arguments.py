@@ -78,21 +78,26 @@ def test_zero_staleness_suggests_the_synchronous_driver(update_weights_interval)
 
 
 @pytest.mark.parametrize(
-    "max_weight_staleness, update_weights_interval",
+    "max_weight_staleness, update_weights_interval, offered",
     [
-        (1, 2),
-        (2, 5),
-        (0, 2),
+        (1, 2, 1),
+        (2, 5, 2),
+        (0, 2, None),  # no async interval holds K = 0: the advice is the sync driver
     ],
 )
-def test_every_interval_the_message_suggests_is_accepted(max_weight_staleness, update_weights_interval):
-    """Following the advice must work: each interval the fix offers passes the same check."""
+def test_every_interval_the_message_suggests_is_accepted(max_weight_staleness, update_weights_interval, offered):
+    """Following the advice must work: each interval the fix offers passes the same check, and the next one does
+    not (the offer is the largest that works)."""
     message = _staleness_error(max_weight_staleness, update_weights_interval)
     suggested = re.search(r"Pass --update-weights-interval (\d+) or less", message)
-    if suggested is None:
-        return  # no async interval is offered
-    for interval in range(1, int(suggested.group(1)) + 1):
+    assert (None if suggested is None else int(suggested.group(1))) == offered, message
+    if offered is None:
+        assert "train synchronously with train.py" in message.lower()
+        _staleness_error(max_weight_staleness, 1)  # not even interval 1 holds it
+        return
+    for interval in range(1, offered + 1):
         check_async_max_weight_staleness(_staleness_args(max_weight_staleness, interval))
+    _staleness_error(max_weight_staleness, offered + 1)
 
 
 # ---------------------------------------------------------------- the guard flags' ranges (flag_rules.FLAG_RULES)

@@ -1,6 +1,8 @@
 """What training_run checks in the driver process before Ray starts (miles/utils/preflight.py), on real files."""
 
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -156,9 +158,23 @@ def test_an_output_folder_under_a_regular_file_is_refused(embedded, tmp_path, fl
 
 
 @pytest.mark.parametrize("flag", ["--save", "--log-dir"])
-def test_an_output_folder_on_a_file_system_without_write_access_is_refused(embedded, tmp_path, flag):
-    # /proc refuses new files even to root, where a chmod would not: a real failure of the probe.
-    _refused(_args(embedded, tmp_path, flag, "/proc/miles-run"), f"^{flag} '/proc/miles-run' is not writable")
+def test_an_output_folder_on_a_file_system_without_write_access_is_refused(embedded, tmp_path, monkeypatch, flag):
+    """The probe creates a file in the nearest existing folder; when the OS refuses it (here a read-only file
+    system, injected at the probe: no folder refuses root on every machine, and a chmod does not stop root), the
+    run is refused with the flag, the path and the OS's reason."""
+    probed = []
+
+    def read_only_file_system(dir=None, **kwargs):
+        probed.append(dir)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(preflight_module.tempfile, "TemporaryFile", read_only_file_system)
+    target = tmp_path / "mounted" / "run"
+    (tmp_path / "mounted").mkdir()
+    _refused(_args(embedded, tmp_path, flag, str(target)),
+             f"^{flag} '{target}' is not writable: creating a file in {tmp_path / 'mounted'} failed "
+             rf"\({os.strerror(errno.EROFS)}\)")
+    assert probed == [tmp_path / "mounted"]
 
 
 # ------------------------------------------------------------------------------------------- prompt data
