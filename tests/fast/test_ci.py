@@ -20,5 +20,5 @@ def test_ci_runs_the_readmes_test_command():
 
 def test_the_fast_tests_run_first_and_stop_the_end_to_end_tests_on_failure():
     steps = _readme_test_command().split(" && ")
-    assert steps == ["bash scripts/setup.sh", ".venv/bin/python -m pytest tests/fast",
+    assert steps == ["bash scripts/setup.sh --with-sglang", ".venv/bin/python -m pytest tests/fast",
                      ".venv/bin/python -m pytest tests/e2e"]

@@ -47,6 +47,9 @@ def _rank(rank: int, port: int, results) -> None:
         metrics, params = _train(data_parallel)
         merged = data_parallel.merged({rank: rank * 10})
         results.put((rank, metrics, [param.tolist() for param in params], merged))  # plain data: the process exits
+        # Both ranks are done before either tears gloo down: a rank that destroys its group while the other still
+        # talks to it can abort at exit ("terminate called without an active exception"), seen on a loaded machine.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
