@@ -112,6 +112,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
     def add_miles_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         flags.add_algorithm_arguments(parser)
         flags.add_off_policy_arguments(parser)
+        flags.add_tis_variant_arguments(parser)
         flags.add_loop_arguments(parser)
         flags.add_optimizer_arguments(parser)
         flags.add_backend_arguments(parser)

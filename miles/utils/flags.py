@@ -119,6 +119,48 @@ def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tis-clip", type=float, default=2.0, help="Upper bound of the TIS weight. (default: %(default)s)")
     group.add_argument("--tis-clip-low", type=float, default=0.0, help="Lower bound of the TIS weight. (default: %(default)s)")
     group.add_argument(
+        "--get-mismatch-metrics",
+        action="store_true",
+        help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",
+    )
+    group.add_argument(
+        "--keep-old-actor",
+        action="store_true",
+        help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
+        "engines used (a snapshot per pushed weight version).",
+    )
+    group.add_argument(
+        "--keep-old-actor-tol",
+        type=float,
+        default=1e-4,
+        help="Runtime guard: largest allowed |old - rollout| log-prob per token under --keep-old-actor (tight for "
+        "the torch engine in fp32, which agrees to ~1e-6; raise it for engines that are not bit-compatible). "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-weight-staleness",
+        type=int,
+        default=None,
+        help="Reject a launch (and stop a run) whose data is more than K rollouts stale. Counts rollouts trained "
+        "between generation and training, unlike upstream's fully-async sample filter. (default: off)",
+    )
+    group.add_argument(
+        "--max-behavior-kl",
+        type=float,
+        default=None,
+        help="Stop the run (after saving) when KL(behavior || current policy) at the first optimizer step of a "
+        "rollout exceeds this. (default: off)",
+    )
+
+
+def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    """How --use-tis weights or masks the loss, upstream's TIS hook, and OPSM (docs/corrections.md)."""
+    group = parser.add_argument_group(
+        "TIS variants and sequence masking",
+        "Every TIS variant acts only under --use-tis, and so counts as the --use-tis correction; --use-opsm is "
+        "not a behavior-policy correction.",
+    )
+    group.add_argument(
         "--tis-mode",
         choices=("truncate", "clip", "mask"),
         default="clip",
@@ -170,39 +212,6 @@ def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--opsm-delta", type=float, default=1e-4,
                        help="OPSM's threshold on a sequence's mean (old - current) log-prob. (default: %(default)s)")
-    group.add_argument(
-        "--get-mismatch-metrics",
-        action="store_true",
-        help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",
-    )
-    group.add_argument(
-        "--keep-old-actor",
-        action="store_true",
-        help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
-        "engines used (a snapshot per pushed weight version).",
-    )
-    group.add_argument(
-        "--keep-old-actor-tol",
-        type=float,
-        default=1e-4,
-        help="Runtime guard: largest allowed |old - rollout| log-prob per token under --keep-old-actor (tight for "
-        "the torch engine in fp32, which agrees to ~1e-6; raise it for engines that are not bit-compatible). "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--max-weight-staleness",
-        type=int,
-        default=None,
-        help="Reject a launch (and stop a run) whose data is more than K rollouts stale. Counts rollouts trained "
-        "between generation and training, unlike upstream's fully-async sample filter. (default: off)",
-    )
-    group.add_argument(
-        "--max-behavior-kl",
-        type=float,
-        default=None,
-        help="Stop the run (after saving) when KL(behavior || current policy) at the first optimizer step of a "
-        "rollout exceeds this. (default: off)",
-    )
 
 
 def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
