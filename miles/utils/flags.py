@@ -153,6 +153,11 @@ def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The names of the TIS modes and levels, here so the parser needs no torch; the math (training_utils/tis.py) and
+# the loss's check read the same tuples.
+TIS_MODES = ("truncate", "clip", "mask")
+TIS_LEVELS = ("token", "sequence", "geometric")
+
 def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
     """How --use-tis weights or masks the loss, upstream's TIS hook, and OPSM (docs/corrections.md)."""
     group = parser.add_argument_group(
@@ -162,7 +167,7 @@ def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tis-mode",
-        choices=("truncate", "clip", "mask"),
+        choices=TIS_MODES,
         default="clip",
         help="How --use-tis bounds the ratio r: truncate w = min(r, --tis-clip); clip w = clamp(r, --tis-clip-low, "
         "--tis-clip) (upstream's vanilla TIS); mask: tokens with r outside [--tis-clip-low, --tis-clip] leave the "
@@ -170,14 +175,14 @@ def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tis-level",
-        choices=("token", "sequence", "geometric"),
+        choices=TIS_LEVELS,
         default="token",
         help="Where --use-tis takes the ratio: per token r = exp(old - roll); per sequence r = exp(sum of the token "
         "log ratios); geometric r = exp(their mean). Needs --use-tis. (default: %(default)s)",
     )
     group.add_argument(
         "--rs-level",
-        choices=("token", "sequence", "geometric"),
+        choices=TIS_LEVELS,
         default=None,
         help="Rejection sampling under --use-tis: drop the tokens whose ratio at this level lies outside "
         "[--rs-lower-bound, --rs-upper-bound] (e.g. geometric with bounds 0.99 and 1.01: SkyRL's geometric "
