@@ -5,14 +5,14 @@
    of ``--warmup`` rollouts, then ``--repeats`` rollouts of generate -> prepare -> train -> export -> engine load.
    Every function of the guard is wrapped with a timer where the trainer calls it: the provenance checks, the
    per-batch contract, the push's finiteness check and fingerprint (hash per tensor and their combination), the
-   snapshot's recomputed fingerprint, the snapshot count, the denominator comparison ``denominator_vs_behavior``
+   snapshot's recomputed fingerprint, the snapshot count, the denominator comparison ``denominator_abs_diff``
    (what ``check_denominator_tolerance`` reads) and that check; and the actor's own ``perf/guard_s`` (the same
    checks, with the snapshot's conversion to the HF layout). Prints the median per check and per rollout, and the
    guard (the larger of the two) as a fraction of the actor's step per rollout (prepare + train + export) and of
    ``train`` alone (the optimizer steps); the goal is <= 2 % of the actor's step.
 2. The fingerprint and the finiteness check on ``--large-params`` float32 parameters (default 1e9, 4 GB), made
-   and hashed ``--chunk-params`` at a time so that memory stays bounded; a float64 sum (the old fingerprint) of
-   the same chunks for comparison.
+   and hashed ``--chunk-params`` at a time so that memory stays bounded; SHA-256 and a float64 sum (the first
+   fingerprint) of the same chunks for comparison.
 
 Usage: python bench/guard_cost.py [--warmup 3] [--repeats 20] [--large-params 1e9] [--chunk-params 5e7]
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import statistics
 import sys
 import time
@@ -47,7 +48,7 @@ MODES = {"ppo --keep-old-actor": ["--advantage-estimator", "ppo", "--keep-old-ac
 GUARD_FUNCTIONS = [(off_policy, name) for name in (
     "check_one_version_per_sample", "sample_staleness", "check_staleness", "check_engine_loaded_pushed_weights",
     "check_rollout_log_probs", "check_correction_per_batch", "check_snapshot_provenance", "check_snapshot_count",
-    "denominator_vs_behavior", "check_denominator_tolerance")] + [(train_process, name) for name in (
+    "denominator_abs_diff", "check_denominator_tolerance")] + [(train_process, name) for name in (
     "weights_are_finite", "check_finite_weights", "digest_table", "combine_digests", "differing_tensors")]
 
 
@@ -116,15 +117,19 @@ def time_mode(flags: list[str], warmup: int, repeats: int) -> dict[str, float]:
 
 
 def large_fingerprint(num_params: int, chunk_params: int) -> dict[str, float]:
-    """Seconds to hash, to check the finiteness of, and to sum (float64) ``num_params`` float32 values."""
+    """Seconds to hash (the fingerprint's XXH3-128, and SHA-256 for comparison), to check the finiteness of, and to sum
+    (float64) ``num_params`` float32 values."""
     seconds = defaultdict(float)
     generator = torch.Generator().manual_seed(0)
     table = {}
     for index, start in enumerate(range(0, num_params, chunk_params)):
         tensor = torch.randn(min(chunk_params, num_params - start), generator=generator)
-        for name, work in (("sha256 per tensor", lambda: table.__setitem__(f"t{index}", fingerprint.tensor_digest(tensor))),
+        for name, work in (("XXH3-128 per tensor (tensor_digest)",
+                            lambda: table.__setitem__(f"t{index}", fingerprint.tensor_digest(tensor))),
+                           ("SHA-256 of the same bytes (the alternative)",
+                            lambda: hashlib.sha256(tensor.numpy().data).hexdigest()),
                            ("finiteness check", lambda: fingerprint.weights_are_finite({"t": tensor})),
-                           ("float64 sum (the old fingerprint)", lambda: float(tensor.double().sum()))):
+                           ("float64 sum (the first fingerprint)", lambda: float(tensor.double().sum()))):
             begin = time.perf_counter()
             work()
             seconds[name] += time.perf_counter() - begin
@@ -163,7 +168,8 @@ def main() -> None:
         print(f"fingerprint of {num_params:.3g} float32 parameters ({gigabytes:.1f} GB) in tensors of {chunk:.3g}, "
               "one thread:")
         for name, value in seconds.items():
-            print(f"  {name:36s} {value:8.2f} s ({gigabytes / value if value else float('inf'):.2f} GB/s)")
+            rate = "" if name == "combine" else f" ({gigabytes / value if value else float('inf'):.2f} GB/s)"
+            print(f"  {name:44s} {value:8.2f} s{rate}")
     worst = max(fractions, key=fractions.get)
     print(f"runtime guard costs at most {100 * fractions[worst]:.2f} % of the actor's step per rollout ({worst}; "
           "goal <= 2 %)")

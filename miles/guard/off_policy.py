@@ -155,26 +155,31 @@ def check_rollout_log_probs(rollout_id: int, rollout_log_probs: Sequence[Sequenc
             )
 
 
-def denominator_vs_behavior(
+def denominator_abs_diff(old_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor]) -> dict[str, float]:
+    """The guard's comparison of the denominator with the behavior policy: |old − roll| over a rollout's response
+    tokens (all tokens count), mean and max; ``check_denominator_tolerance`` reads the max."""
+    abs_diff = (torch.cat(old_log_probs) - torch.cat(rollout_log_probs)).abs()  # (N_tokens,)
+    return {"denominator_behavior_abs_diff_mean": float(abs_diff.mean()),
+            "denominator_behavior_abs_diff_max": float(abs_diff.max())}
+
+
+def behavior_weight_report(
     old_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor], tis_clip: float, tis_clip_low: float
 ) -> dict[str, float]:
-    """How far the denominator is from the behavior policy, over a rollout's response tokens (all tokens count).
+    """The importance weights between the denominator and the behavior policy, as metrics (no check reads them).
 
-    abs_diff = |old − roll| (mean, max); kl = low_var_kl k3 estimate of KL(roll ‖ old); raw TIS weight
-    w = exp(old − roll) (min, mean, max, std: E_roll[w] = 1 per token), tis_abs = mean |w − 1|, the weights as
-    --use-tis applies them, clamp(w, tis_clip_low, tis_clip) (min, max), the fraction of w outside those bounds, and
-    the per-sample ESS ratio (Σw)²/(n·Σw²), averaged.
+    kl = low_var_kl k3 estimate of KL(roll ‖ old); raw TIS weight w = exp(old − roll) (min, mean, max, std:
+    E_roll[w] = 1 per token), tis_abs = mean |w − 1|, the weights as --use-tis applies them,
+    clamp(w, tis_clip_low, tis_clip) (min, max), the fraction of w outside those bounds, and the per-sample ESS ratio
+    (Σw)²/(n·Σw²), averaged.
     """
     old, roll = torch.cat(old_log_probs), torch.cat(rollout_log_probs)  # (N_tokens,)
-    log_ratio = old - roll
     # The log-ratio is clamped to ±20 as in the PPO ratio and the loss's TIS (tis.py), so the report stays finite.
-    weights = log_ratio.clamp(-20, 20).exp()
+    weights = (old - roll).clamp(-20, 20).exp()
     applied = weights.clamp(tis_clip_low, tis_clip)
     valid = valid_positions([o.numel() for o in old_log_probs])  # (B, T_max): one padded pass, not one per sample
     ess = compute_ess_ratio(pad_samples(old_log_probs, valid) - pad_samples(rollout_log_probs, valid), valid)  # (B,)
     return {
-        "denominator_behavior_abs_diff_mean": float(log_ratio.abs().mean()),
-        "denominator_behavior_abs_diff_max": float(log_ratio.abs().max()),
         "denominator_behavior_kl": float(compute_approx_kl(roll, old, "low_var_kl").mean()),
         "tis_raw_min": float(weights.min()),
         "tis_raw_mean": float(weights.mean()),
@@ -187,6 +192,14 @@ def denominator_vs_behavior(
         "ess": float(ess.mean()),
         "num_tokens": float(weights.numel()),
     }
+
+
+def denominator_vs_behavior(
+    old_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor], tis_clip: float, tis_clip_low: float
+) -> dict[str, float]:
+    """How far the denominator is from the behavior policy: the guard's comparison and the weights' report."""
+    return {**denominator_abs_diff(old_log_probs, rollout_log_probs),
+            **behavior_weight_report(old_log_probs, rollout_log_probs, tis_clip, tis_clip_low)}
 
 
 def policy_vs_behavior(log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor]) -> dict[str, float]:

@@ -50,6 +50,9 @@ class HFTrainModel(TrainModel):
         state = self.module.state_dict() if native_state is None else native_state
         return {name: tensor.detach().clone() for name, tensor in state.items()}
 
+    def hf_tensors(self, native_state: Mapping[str, object]) -> StateDict:
+        return {name: tensor.detach() for name, tensor in native_state.items()}  # the HF layout already
+
     def save_pretrained(self, folder, hf_state=None) -> None:
         """The module's own weights: the torch backend has no shards, so ``hf_state`` (if given) equals them."""
         self.module.save_pretrained(folder, safe_serialization=True)

@@ -49,6 +49,11 @@ class TrainModel:
         """The weights (the module's, or ``native_state``) as new tensors in the Hugging Face layout."""
         raise NotImplementedError
 
+    def hf_tensors(self, native_state: Mapping[str, object]) -> StateDict:
+        """``native_state`` in the Hugging Face layout, to be read (hashed), never written: a backend whose native
+        layout is the HF one returns its tensors without copying them."""
+        return self.hf_state_dict(native_state)
+
     def save_pretrained(self, folder, hf_state: StateDict | None = None) -> None:
         """Write the weights (or ``hf_state``, already ``hf_state_dict()``) as a Hugging Face model folder
         (config.json + safetensors)."""

@@ -313,7 +313,7 @@ class PolicyTrainer(_TrainProcess):
             snapshot = self.snapshots.take_for_training(version, rollout_id)
             # The fingerprint is recomputed from the snapshot's weights (in the layout the engines received), so a
             # wrong tensor under the right label fails, and the error names it (against the push's digests).
-            digests = digest_table(self.model.hf_state_dict(snapshot.state_dict))
+            digests = digest_table(self.model.hf_tensors(snapshot.state_dict))
             snapshot_fingerprint = combine_digests(digests)
             for sample_version, sample_fingerprint in {(s.weight_versions[0], s.weight_fingerprint) for s in samples}:
                 off_policy.check_snapshot_provenance(
@@ -365,9 +365,11 @@ class PolicyTrainer(_TrainProcess):
         report = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": float(max(staleness)),
                   "behavior_version": float(samples[0].weight_versions[0]), "correction": self.correction}
         if old_log_probs is not None:
-            with self._guard_time():  # the comparison check_denominator_tolerance reads, and the mismatch report
-                report.update(off_policy.denominator_vs_behavior(
-                    old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
+            with self._guard_time():  # the comparison check_denominator_tolerance reads
+                report.update(off_policy.denominator_abs_diff(old_log_probs, rollout_log_probs))
+            # metrics, not checks: the importance weights and the richer mismatch report
+            report.update(off_policy.behavior_weight_report(
+                old_log_probs, rollout_log_probs, self.args.tis_clip, self.args.tis_clip_low))
             report.update(mismatch.mismatch_report(old_log_probs, rollout_log_probs, loss_masks, self.tis_choice))
         if self.snapshots is not None:
             with self._guard_time():

@@ -1,12 +1,12 @@
 """The fingerprint (miles/guard/fingerprint.py): an exact hash that changes under every realistic corruption, checked
-against hashlib on the tensors' bytes (numpy's, not torch's view) and on the embedded model's real weights."""
+against the xxhash library on the tensors' bytes (numpy's, not torch's view) and on the embedded model's real weights."""
 
-import hashlib
 import math
 
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 from miles.guard.fingerprint import (
     combine_digests,
@@ -30,18 +30,18 @@ def _copy(state):
 
 
 def _reference_fingerprint(state) -> str:
-    """Written out independently: per tensor the SHA-256 of numpy's row-major bytes; the sorted lines hashed."""
+    """Written out independently: per tensor the XXH3-128 of numpy's row-major bytes; the sorted lines hashed."""
     lines = []
     for name in sorted(state):
         array = np.ascontiguousarray(state[name].numpy())
-        lines.append(f"{name}\t{state[name].dtype}\t{list(array.shape)}\t{hashlib.sha256(array.tobytes()).hexdigest()}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
+        lines.append(f"{name}\t{state[name].dtype}\t{list(array.shape)}\t{xxhash.xxh3_128(array.tobytes()).hexdigest()}\n")
+    return xxhash.xxh3_128("".join(lines).encode()).hexdigest()
 
 
-def test_the_fingerprint_is_sha256_of_the_sorted_per_tensor_hashes(hf_state):
+def test_the_fingerprint_is_xxh3_128_of_the_sorted_per_tensor_hashes(hf_state):
     assert weights_fingerprint(hf_state) == _reference_fingerprint(hf_state)
     name = "model.layers.0.self_attn.q_proj.weight"
-    assert tensor_digest(hf_state[name]).sha256 == hashlib.sha256(hf_state[name].numpy().tobytes()).hexdigest()
+    assert tensor_digest(hf_state[name]).digest == xxhash.xxh3_128(hf_state[name].numpy().tobytes()).hexdigest()
 
 
 def test_equal_weights_give_equal_fingerprints_whatever_the_order_copy_or_container(embedded, hf_state):
@@ -91,8 +91,8 @@ def test_dtype_shape_and_name_are_part_of_the_fingerprint():
 
 def test_bfloat16_is_hashed_by_its_own_bytes():
     tensor = torch.tensor([1.0, -2.5, 3.0], dtype=torch.bfloat16)
-    expected = hashlib.sha256(tensor.view(torch.int16).numpy().tobytes()).hexdigest()
-    assert tensor_digest(tensor).sha256 == expected
+    expected = xxhash.xxh3_128(tensor.view(torch.int16).numpy().tobytes()).hexdigest()
+    assert tensor_digest(tensor).digest == expected
 
 
 def test_combination_is_separate_so_a_layout_adapter_can_re_key_the_table(hf_state):
@@ -120,3 +120,22 @@ def test_non_finite_weights_are_found_though_they_hash_like_any_others():
     # Finite weights whose float32 sum overflows are finite all the same.
     assert weights_are_finite({"w": torch.full((4,), 3e38)})
     assert not weights_are_finite({"w": torch.tensor([3e38, 3e38, float("nan")])})
+
+
+def test_finiteness_is_not_fooled_by_tensor_sums_that_cancel():
+    """The check adds the tensors' sums: an inf in one tensor and a -inf in another give a NaN total, which is then
+    confirmed element by element; finite tensors whose float32 sums overflow to +inf and -inf are finite."""
+    assert not weights_are_finite({"a": torch.tensor([1.0, float("inf")]), "b": torch.tensor([-float("inf")])})
+    assert weights_are_finite({"a": torch.full((4,), 3e38), "b": torch.full((4,), -3e38)})
+    assert not weights_are_finite({"a": torch.ones(2), "b": torch.tensor([2.0, float("nan")])})
+
+
+@pytest.mark.parametrize("tensor", [torch.arange(5, dtype=torch.int64), torch.tensor([True, False, True]),
+                                    torch.tensor(2.5), torch.zeros(0, 3)], ids=["int64", "bool", "0-d", "empty"])
+def test_every_tensor_kind_is_hashed_by_numpy_s_bytes_of_it(tensor):
+    assert tensor_digest(tensor).digest == xxhash.xxh3_128(np.ascontiguousarray(tensor.numpy()).tobytes()).hexdigest()
+
+
+def test_dtypes_numpy_lacks_are_hashed_by_their_raw_bytes():
+    tensor = torch.tensor([0.5, -1.0, 448.0]).to(torch.float8_e4m3fn)
+    assert tensor_digest(tensor).digest == xxhash.xxh3_128(tensor.view(torch.uint8).numpy().tobytes()).hexdigest()
