@@ -85,7 +85,7 @@ def time_mode(flags: list[str], warmup: int, repeats: int) -> dict[str, float]:
     trainer = train_process.PolicyTrainer(args, num_threads=1)
     trainer.init()
     engine = TorchRolloutEngine(args.hf_checkpoint, seed=0, num_threads=1)
-    per_rollout, steps = defaultdict(list), []
+    per_rollout = defaultdict(list)
     with timed_guard(times := defaultdict(float)):
         payload = trainer.export_weights(rollouts_trained=0)
         engine.load_weights(payload["state_dict"], payload["version"])

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from miles.backends.training_utils.ppo_utils import (
-    get_advantages_and_returns,
     get_reinforce_plus_plus_returns,
     group_normalize_rewards,
+    masked_gae,
     normalize_advantages,
     pad_samples,
     valid_positions,
@@ -99,16 +99,11 @@ def _group_relative(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.T
 
 
 def _gae(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """PPO: GAE over the unmasked tokens with the critic's values (``get_advantages_and_returns``)."""
-    token_rewards = rollout.unpad(rollout.token_rewards())
-    pairs = [
-        get_advantages_and_returns(
-            rollout.values[i].detach(), token_rewards[i].to(rollout.values[i].dtype), rollout.gamma, rollout.lambd,
-            mask,
-        )
-        for i, mask in enumerate(rollout.loss_masks)
-    ]
-    return [advantages for advantages, _ in pairs], [returns for _, returns in pairs]
+    """PPO: GAE over the unmasked tokens with the critic's values, the whole rollout in one padded pass."""
+    values = pad_samples([v.detach() for v in rollout.values], rollout.valid)  # (N, T_max)
+    advantages, returns = masked_gae(values, rollout.token_rewards().to(values.dtype), rollout.unmasked,
+                                     rollout.gamma, rollout.lambd)
+    return rollout.unpad(advantages), rollout.unpad(returns)
 
 
 def _reinforce_plus_plus(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

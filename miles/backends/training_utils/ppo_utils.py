@@ -144,19 +144,32 @@ def get_advantages_and_returns(
             "entry per response token of one sample."
         )
     keep = torch.ones_like(values, dtype=torch.bool) if mask is None else mask != 0
-    kept_values = values.detach()[keep].tolist()
-    kept_rewards = rewards.detach()[keep].tolist()
-    kept_advantages = [0.0] * len(kept_values)
-    next_value, next_advantage = 0.0, 0.0
-    for k in reversed(range(len(kept_values))):
-        delta = kept_rewards[k] + gamma * next_value - kept_values[k]
-        next_advantage = delta + gamma * lambd * next_advantage
-        next_value = kept_values[k]
-        kept_advantages[k] = next_advantage
-    advantages = torch.zeros_like(values, dtype=values.dtype).detach()
-    advantages[keep] = torch.tensor(kept_advantages, dtype=values.dtype, device=values.device)
-    returns = torch.where(keep, advantages + values.detach(), torch.zeros_like(advantages))
-    return advantages, returns
+    advantages, returns = masked_gae(values.unsqueeze(0), rewards.unsqueeze(0), keep.unsqueeze(0), gamma, lambd)
+    return advantages[0], returns[0]
+
+
+def masked_gae(
+    values: torch.Tensor, rewards: torch.Tensor, keep: torch.Tensor, gamma: float, lambd: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``get_advantages_and_returns`` for a whole padded rollout: ``values``, ``rewards``, ``keep`` are ``(B, T)``;
+    each row is one sample, and its positions with keep = False (masked tokens, padding) are skipped as if absent.
+
+    One reverse pass over T, vectorized over the rows, in float64 (the recursion's rounding stays far below
+    float32's): at a kept position t, δ_t = r_t + γ·V_next − V_t and A_t = δ_t + γλ·A_next, then (V_next, A_next)
+    = (V_t, A_t); at a skipped one, A_t = 0 and (V_next, A_next) pass through. Returns ``(advantages, returns)``,
+    ``(B, T)`` in the values' dtype, 0 where keep is False, without grad.
+    """
+    kept_values, kept_rewards = values.detach().double(), rewards.detach().double()
+    advantages = torch.zeros_like(kept_values)
+    next_value = next_advantage = torch.zeros(values.shape[0], dtype=torch.float64, device=values.device)
+    for t in reversed(range(values.shape[1])):
+        advantage = kept_rewards[:, t] + gamma * next_value - kept_values[:, t] + gamma * lambd * next_advantage
+        kept = keep[:, t]
+        advantages[:, t] = torch.where(kept, advantage, 0.0)
+        next_advantage = torch.where(kept, advantage, next_advantage)
+        next_value = torch.where(kept, kept_values[:, t], next_value)
+    returns = torch.where(keep, advantages + kept_values, 0.0)
+    return advantages.to(values.dtype), returns.to(values.dtype)
 
 
 def get_reinforce_plus_plus_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
