@@ -19,12 +19,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("driver", ["async", "sync"])
-def test_a_diverged_run_leaves_no_unawaited_error(make_args, monkeypatch, driver):
-    """In this process: Ray calls ``_unhandled_error_handler`` for each error object dropped unawaited."""
+@pytest.mark.parametrize("driver,ranks", [("async", []), ("sync", []),
+                                          ("async", ["--actor-num-gpus-per-node", "2", "--micro-batch-size", "4"])],
+                         ids=["async", "sync", "async-2-ranks"])
+def test_a_diverged_run_leaves_no_unawaited_error(make_args, monkeypatch, driver, ranks):
+    """In this process: Ray calls ``_unhandled_error_handler`` for each error object dropped unawaited (with two
+    data-parallel ranks too: every rank's step is awaited or released, not only the first's)."""
     reported = []
     monkeypatch.setattr(ray._private.worker, "_unhandled_error_handler", reported.append)
-    args = make_args("--lr", "1e10", "--num-rollout", "6")
+    args = make_args("--lr", "1e10", "--num-rollout", "6", *ranks)
     with pytest.raises(DivergenceError, match="the training diverged"):
         if driver == "async":
             asyncio.run(train_async.train(args))
