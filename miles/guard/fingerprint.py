@@ -11,8 +11,8 @@ Two steps, kept apart so that an engine holding another layout can take part:
 2. ``combine_digests``: one XXH3-128 over the table's lines in sorted-name order, the value stamped on samples.
 
 Why XXH3-128 and not SHA-256: the guard looks for bugs (a wrong, stale, swapped or partly loaded tensor), not for an
-adversary forging weights, so a non-cryptographic hash with 128-bit output is enough, and it hashes about 9x faster
-on this CPU (12.7 GB/s against SHA-256's 1.4 GB/s with SHA-NI, one core; docs/benchmarks.md): two hashes per
+adversary forging weights, so a non-cryptographic hash with 128-bit output is enough, and it hashes about 8x faster
+on this CPU (10-13 GB/s against SHA-256's 1.4 GB/s with SHA-NI, one core; docs/benchmarks.md): two hashes per
 rollout under --keep-old-actor stay a small part of a step, and a 7B model's push is hashed in about a second.
 
 The push is bit-exact (the torch engine loads the trainer's tensors as they are), so an exact hash is available on
