@@ -325,7 +325,7 @@ def warm_up_run(log_root: Path, extra: list[str]) -> None:
 
 
 def training_argv(num_rollout: int, extra: list[str]) -> list[str]:
-    return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", *extra]
+    return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", "--no-save-plots", *extra]
 
 
 def loop_efficiency(name: str, runs: dict[str, list[list[dict]]], events: list[dict], warmup: int

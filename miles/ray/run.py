@@ -331,7 +331,7 @@ def training_run(args, driver: str):
                     run.release_unsettled()
                     raise run.stopped(error) from None
             print(format_summary(tracker.close()))
-            for path in plot_run(args.log_dir):
+            for path in plot_run(args.log_dir) if args.save_plots else ():
                 print(f"plot: {path}")
             if stop_request.signum is not None:
                 raise run.interrupted()

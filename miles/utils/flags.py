@@ -462,6 +462,13 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
         help="Write TensorBoard events beside metrics.jsonl. (default: %(default)s)",
     )
     group.add_argument(
+        "--save-plots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Draw the PNG curves into RUN_DIR/plots at the end of the run (a few seconds on a CPU; 'miles-plot "
+        "RUN_DIR' draws them later from metrics.jsonl). (default: %(default)s)",
+    )
+    group.add_argument(
         "--use-wandb", action="store_true",
         help="Log the metrics to Weights & Biases too: online with a key (--wandb-key or $WANDB_API_KEY), else "
         "offline into the run folder (upload later with 'wandb sync RUN_DIR/wandb/offline-run-*'). Never stops a run.",

@@ -8,7 +8,7 @@ from miles.utils.arguments import parse_args
 
 # Small settings: 4 prompts x 4 samples, a few rollouts. Each test adds what it checks.
 SMALL_RUN = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4", "--eval-interval", "0",
-             "--no-use-tensorboard"]
+             "--no-use-tensorboard", "--no-save-plots"]  # the plots: 3-6 s a run; test_training checks a default run's
 
 
 @pytest.fixture(scope="session")

@@ -48,10 +48,14 @@ def test_async_ppo_runs_with_each_correction(make_args, correction, label):
         assert math.isfinite(record["train/pg_loss"]) and math.isfinite(record["critic/value_loss"])
 
 
-def test_async_grpo_runs_without_correction(make_args):
-    records = run_async(make_args("--advantage-estimator", "grpo"))
+def test_async_grpo_runs_without_correction_and_draws_its_plots(make_args):
+    args = make_args("--advantage-estimator", "grpo", "--save-plots")  # the e2e runs skip them otherwise
+    records = run_async(args)
     assert column(records, "off_policy/staleness_max") == [0, 1, 1, 1]
     assert "critic/value_loss" not in records[0]
+    plots = sorted(path.name for path in (Path(args.log_dir) / "plots").iterdir())
+    assert {"rollout.png", "off_policy.png"} <= set(plots), plots
+    assert all((Path(args.log_dir) / "plots" / name).stat().st_size > 0 for name in plots)
 
 
 def test_sync_ppo_runs_without_correction_and_is_never_stale(make_args):
