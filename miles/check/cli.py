@@ -12,6 +12,10 @@ from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER
 # The exit status answers "would the driver refuse one of these launches?" (2 stays argparse's usage error).
 EXIT_STATUS = {OK: 0, REJECTED: 1, DEPENDS: 3}
 EXIT_EPILOG = (
+    "The exit status is the async off-policy contract's verdict: a launch the contract does not refuse counts "
+    "as 0 even where miles would refuse it for another reason (pipeline parallelism, a backend it lacks, a rank "
+    "rule); that refusal is printed as a note. A train.py launch is never stale: 0. With --strict every refusal "
+    "of miles' parser and rules counts. "
     "Exit status: 0 no launch is refused, and no launch's contract verdict could change with the words "
     "miles-check could not resolve; 1 a launch is REJECTED (the driver refuses it whatever the unresolved words "
     "hold; this wins over 3); 3 a launch DEPENDS on unresolved words: the contract's verdict, or a refusal, "
@@ -29,7 +33,10 @@ def format_verdict(location: str, driver: str, verdict: Verdict, uses_script_arg
     lines += [f"  depends on {word}: {why}" for word, why in verdict.depends_on]
     lines += [f"  unresolved (not guessed): {shown}: {reason}" for shown, reason in verdict.unresolved]
     lines += [f"  {note}" for note in verdict.cannot_check]
-    if verdict.status == DEPENDS and verdict.errors:
+    if verdict.errors and not verdict.refusals_counted:
+        lines.append("  note: miles would refuse this launch for a reason other than the contract "
+                     "(not counted in the exit status; --strict counts it):")
+    elif verdict.status == DEPENDS and verdict.errors:
         lines.append("  the resolved words alone are rejected:")
     for message, fix in verdict.errors:
         lines += ["  " + line for line in f"error: {message}".splitlines()]
@@ -52,7 +59,7 @@ def launch_record(file, line, driver, verdict: Verdict) -> dict:
         "unresolved": [{"word": shown, "reason": reason} for shown, reason in verdict.unresolved],
         "cannot_check": verdict.cannot_check,
         "errors": [{"message": message, "fix": fix} for message, fix in verdict.errors],
-        "ignored": verdict.ignored,
+        "ignored": verdict.ignored, "errors_counted": verdict.refusals_counted,
     }
 
 
@@ -62,11 +69,11 @@ def _unseen_record(file, line, command: str, reason: str) -> dict:
     return launch_record(file, line, None, verdict)
 
 
-def _script_records(path: str, scan: ScriptScan) -> list:
+def _script_records(path: str, scan: ScriptScan, strict: bool) -> list:
     """(record, text lines) for each launch of one script, in the order found."""
     results = []
     for invocation in scan.invocations:
-        verdict = check_launch(invocation.args, invocation.driver)
+        verdict = check_launch(invocation.args, invocation.driver, strict)
         file = invocation.file or path
         location = f"{file}:{invocation.line}" + (f" (sourced by {path})" if invocation.file else "")
         lines = format_verdict(location, invocation.driver, verdict, invocation.uses_script_arguments)
@@ -99,7 +106,7 @@ def exit_status(records: list) -> int:
 def _build_cli() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="miles-check",
-        usage="miles-check [--format {text,json}] [--sync] -- ARGS...  |  miles-check [--format {text,json}] "
+        usage="miles-check [--format {text,json}] [--strict] [--sync] -- ARGS...  |  miles-check [--format {text,json}] [--strict] "
         "SCRIPT.sh [SCRIPT.sh ...]",
         description="Check train_async.py / train.py launches against miles' parser, its rules and the async "
         "off-policy contract, without starting anything. What the script reader resolves (variables, arrays, "
@@ -108,6 +115,9 @@ def _build_cli() -> argparse.ArgumentParser:
         epilog=EXIT_EPILOG,
     )
     parser.add_argument("scripts", nargs="*", metavar="SCRIPT.sh", help="Shell scripts to scan for launches.")
+    parser.add_argument("--strict", action="store_true",
+                        help="Count every refusal of miles' parser and rules in the exit status, not only the "
+                        "async contract's.")
     parser.add_argument("--sync", action="store_true", help="With `-- ARGS`: check them as a train.py launch.")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="text: a report per launch and a summary line; json: one JSON array, one object per "
@@ -151,11 +161,11 @@ def main(argv=None) -> int:
         return exit_request.code if isinstance(exit_request.code, int) else 2
     if launch_args is not None:
         driver = SYNC_DRIVER if options.sync else ASYNC_DRIVER
-        verdict = check_launch(launch_args, driver)
+        verdict = check_launch(launch_args, driver, options.strict)
         results = [(launch_record(None, None, driver, verdict), format_verdict("command line", driver, verdict))]
     else:
         results = [result for path, text in zip(options.scripts, options.texts, strict=True)
-                   for result in _script_records(path, scan_script(text, os.path.abspath(path)))]
+                   for result in _script_records(path, scan_script(text, os.path.abspath(path)), options.strict)]
     records = [record for record, _ in results]
     if options.format == "json":
         print(json.dumps(records, indent=2))

@@ -45,6 +45,9 @@ class Verdict:
     unresolved: list[tuple[str, str]] = field(default_factory=list)  # ("--lr ${LR}", why), one per word
     depends_on: list[tuple[str, str]] = field(default_factory=list)  # (word, how it could change the verdict)
     cannot_check: list[str] = field(default_factory=list)  # rules that need a value that is unresolved
+    # False: the status is the contract's alone, and the errors other than the contract's are printed as a note
+    # (miles would refuse the launch for another reason); --strict counts every refusal
+    refusals_counted: bool = True
 
 
 class UnknownValueRead(Exception):
@@ -280,13 +283,34 @@ def _exempt_line(args) -> str:
             "exempts it, though its data is just as stale)")
 
 
-def check_launch(args: list, driver: str = ASYNC_DRIVER) -> Verdict:
+def check_launch(args: list, driver: str = ASYNC_DRIVER, strict: bool = False) -> Verdict:
     """Check one driver's argument list (words may be ``Unresolved``) without starting anything.
 
-    REJECTED: the driver refuses it whatever the unresolved words hold (an error, and no unresolved word could
-    add a flag). DEPENDS: the contract's verdict, or a refusal, could change with an unresolved word. OK:
-    neither; the contract's verdict stands whatever the unresolved words hold.
+    By default the status is the async contract's verdict: REJECTED when the contract refuses the launch whatever
+    the unresolved words hold, DEPENDS when its verdict could change with one, OK otherwise; miles' other
+    refusals (pipeline parallelism, a backend it lacks, ...) are reported, not counted. A train.py launch is
+    never stale, so its status is OK. With ``strict`` every refusal counts: REJECTED when the driver refuses it
+    whatever the unresolved words hold (a train.py launch never depends on them), DEPENDS when a refusal could
+    change with an unresolved word.
     """
+    verdict, deciding, contract_refused = _strict_verdict(args, driver)
+    if driver == SYNC_DRIVER and verdict.status == DEPENDS:
+        verdict.status, verdict.depends_on = REJECTED, []  # nothing stale to decide: the refusal stands
+    if strict or not verdict.errors or (driver == ASYNC_DRIVER and deciding is None):
+        return verdict  # deciding None: the arguments do not parse, so the contract could not be read
+    verdict.refusals_counted = False
+    if driver == SYNC_DRIVER or not (contract_refused or deciding):
+        verdict.status, verdict.depends_on = OK, []
+    elif deciding:
+        verdict.status, verdict.depends_on = DEPENDS, deciding
+    else:
+        verdict.status, verdict.depends_on = REJECTED, []
+    return verdict
+
+
+def _strict_verdict(args: list, driver: str) -> tuple:
+    """(the verdict counting every refusal, the words the contract's verdict depends on (None: the arguments do
+    not parse), whether the contract refuses the launch whatever the unresolved words hold)."""
     parser = _checking_parser()
     placed = _place_unresolved(args, parser)
     lifts = [(word.text, why + ", which could lift the refusal") for _, word, dests in placed.flag_words
@@ -296,7 +320,7 @@ def check_launch(args: list, driver: str = ASYNC_DRIVER) -> Verdict:
     except _UsageError as error:
         fix = f"fix: correct that argument (python {driver} --help lists the flags and their values)"
         return Verdict(DEPENDS if lifts else REJECTED, "contract: not checked (the arguments do not parse)",
-                       [(f"{driver}: error: {error}", fix)], [], placed.unresolved, lifts)
+                       [(f"{driver}: error: {error}", fix)], [], placed.unresolved, lifts), None, False
     for dest, value in placed.unknown_values.items():
         setattr(namespace, dest, value)
     errors, contract_error, cannot_check = _validation_errors(namespace, driver)
@@ -308,4 +332,5 @@ def check_launch(args: list, driver: str = ASYNC_DRIVER) -> Verdict:
         status, depends_on = REJECTED, []  # a refusal no unresolved word can lift
     else:
         status, depends_on = (DEPENDS if errors or deciding else OK), deciding or (lifts if errors else [])
-    return Verdict(status, contract, errors, _group_flags(extras), placed.unresolved, depends_on, cannot_check)
+    verdict = Verdict(status, contract, errors, _group_flags(extras), placed.unresolved, depends_on, cannot_check)
+    return verdict, deciding, contract_error is not None and not deciding

@@ -489,14 +489,34 @@ class TestUnresolvedWords:
         verdict = check_launch(["--advantage-estimator", "ppo", interval])
         assert (verdict.status, verdict.depends_on) == ("REJECTED", [])
 
-    def test_another_rule_refuses_only_when_no_word_could_lift_it(self):
-        assert check_launch(["--colocate"]).status == "REJECTED"
-        verdict = check_launch(["--colocate", "--advantage-estimator", "grpo", Unresolved("${X}", "r")], "train.py")
-        assert verdict.status == "OK"  # train.py accepts --colocate: nothing to lift
-        verdict = check_launch(["--save-interval", "2", "--advantage-estimator", "grpo", self.ARRAY], "train.py")
+    def test_with_strict_another_rule_refuses_only_when_no_word_could_lift_it(self):
+        assert check_launch(["--colocate"], strict=True).status == "REJECTED"
+        verdict = check_launch(["--colocate", "--advantage-estimator", "ppo", "--use-tis", self.ARRAY], strict=True)
         assert verdict.status == "DEPENDS"
         assert verdict.depends_on == [("${MODEL_ARGS[@]}", "in a flag position, it could add any flag, which could "
                                                            "lift the refusal")]
+        verdict = check_launch(["--colocate", "--advantage-estimator", "grpo", Unresolved("${X}", "r")], "train.py")
+        assert verdict.status == "OK"  # train.py accepts --colocate: nothing to lift
+        # a train.py launch never depends on unresolved words: strict, the refusal stands; by default it is a note
+        args = ["--save-interval", "2", "--advantage-estimator", "grpo", self.ARRAY]
+        verdict = check_launch(args, "train.py", strict=True)
+        assert (verdict.status, verdict.depends_on, verdict.refusals_counted) == ("REJECTED", [], True)
+        verdict = check_launch(args, "train.py")
+        assert (verdict.status, verdict.depends_on, verdict.refusals_counted) == ("OK", [], False)
+        assert "--save-interval" in verdict.errors[0][0]
+
+    def test_by_default_only_the_contract_counts(self):
+        verdict = check_launch(["--colocate", "--advantage-estimator", "grpo"])  # miles refuses async colocation
+        assert (verdict.status, verdict.refusals_counted) == ("OK", False) and verdict.errors
+        verdict = check_launch(["--colocate", "--advantage-estimator", "ppo"])  # the contract refuses it too
+        assert verdict.status == "REJECTED" and CONTRACT_FIX in [fix for _, fix in verdict.errors]
+        verdict = check_launch(["--colocate", "--advantage-estimator", "grpo", self.ARRAY])
+        assert verdict.status == "DEPENDS"  # the array could set ppo: the contract's verdict is open
+        assert [word for word, _ in verdict.depends_on] == ["${MODEL_ARGS[@]}"]
+        verdict = check_launch(["--advantage-estimator", "grpo", "--train-backend", "nope"])
+        assert verdict.status == "REJECTED"  # the arguments do not parse: the contract cannot be read
+        verdict = check_launch(["--advantage-estimator", "grpo", "--train-backend", "nope"], "train.py")
+        assert verdict.status == "OK" and "invalid choice" in verdict.errors[0][0]
 
 
 class TestMainArgumentList:
@@ -533,9 +553,21 @@ class TestMainArgumentList:
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", "--use-tis", *extra])
         assert status == 0 and out == "command line: train_async.py: OK; contract: OK (--use-tis)\n"
 
-    def test_a_tis_variant_without_use_tis_is_refused_naming_it(self, capsys):
+    @pytest.mark.parametrize("backend", [["--train-backend", "torch"], []])
+    def test_a_sync_launch_miles_cannot_run_exits_0_and_with_strict_1_with_the_reason(self, capsys, backend):
+        args = ["--advantage-estimator", "grpo", "--tensor-model-parallel-size", "2",
+                "--pipeline-model-parallel-size", "2", *backend]
+        status, out, _ = _run(capsys, ["--sync", "--", *args])
+        assert status == 0 and "train.py: OK; contract: not applicable" in out and "note: miles would refuse" in out
+        status, out, _ = _run(capsys, ["--strict", "--sync", "--", *args])
+        assert status == 1 and "train.py: REJECTED" in out and "pipeline" in out.lower()
+
+    def test_a_tis_variant_without_use_tis_is_a_note_and_with_strict_a_refusal(self, capsys):
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "grpo", "--tis-mode", "mask"])
-        assert status == 1 and "--tis-mode set without --use-tis" in out
+        assert status == 0 and "--tis-mode set without --use-tis" in out
+        assert "note: miles would refuse this launch for a reason other than the contract" in out
+        status, out, _ = _run(capsys, ["--strict", "--", "--advantage-estimator", "grpo", "--tis-mode", "mask"])
+        assert status == 1 and "--tis-mode set without --use-tis" in out and "note:" not in out
 
     def test_unknown_megatron_and_sglang_flags_are_ignored_and_the_verdict_stands(self, capsys):
         unknown = ["--context-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
@@ -664,7 +696,7 @@ class TestUpstreamStyleLaunchers:
         assert records[2]["errors"][0]["fix"] == CONTRACT_FIX
         assert "--num-layers 36" in records[2]["ignored"]
         assert set(records[0]) == {"file", "line", "driver", "verdict", "exit_class", "exit_status", "contract",
-                                   "depends_on", "unresolved", "cannot_check", "errors", "ignored"}
+                                   "depends_on", "unresolved", "cannot_check", "errors", "ignored", "errors_counted"}
 
     def test_json_for_one_argument_list_and_a_launcher_it_cannot_see_into(self, capsys):
         status, out, _ = _run(capsys, ["--format", "json", "--", "--advantage-estimator", "ppo", "--use-tis"])
