@@ -8,6 +8,7 @@ import sys
 from miles.check.launch import DEPENDS, OK, REJECTED, Verdict, check_launch
 from miles.check.script import ScriptScan, scan_script
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER
+from miles.rollout.sglang_words import PREFIX as SGLANG_PREFIX
 
 # The exit status answers "would the driver refuse one of these launches?" (2 stays argparse's usage error).
 EXIT_STATUS = {OK: 0, REJECTED: 1, DEPENDS: 3}
@@ -41,12 +42,22 @@ def format_verdict(location: str, driver: str, verdict: Verdict, uses_script_arg
     for message, fix in verdict.errors:
         lines += ["  " + line for line in f"error: {message}".splitlines()]
         lines.append(f"  {fix}")
-    if verdict.ignored:
-        lines.append("  ignored (unknown to the miles parser; the contract does not read them): "
-                     + ", ".join(verdict.ignored))
+    sglang, unknown = _sglang_words(verdict.ignored)
+    if sglang:
+        lines.append("  SGLang server arguments (with --rollout-backend sglang the preflight checks them with SGLang's "
+                     "own parser and the engines get them; the contract does not read them): " + ", ".join(sglang))
+    if unknown:
+        lines.append("  ignored (unknown to the miles parser; the contract does not read them): " + ", ".join(unknown))
     if uses_script_arguments:
         lines.append('  note: "$@" (the script\'s own arguments) is checked as empty')
     return lines
+
+
+def _sglang_words(ignored: list[str]) -> tuple[list[str], list[str]]:
+    """The ignored words split into ``--sglang-*`` ones (miles passes them to SGLang: ``split_sglang_words``) and
+    the ones miles does not know at all."""
+    sglang = [word for word in ignored if word.startswith(SGLANG_PREFIX)]
+    return sglang, [word for word in ignored if not word.startswith(SGLANG_PREFIX)]
 
 
 def launch_record(file, line, driver, verdict: Verdict) -> dict:
@@ -59,7 +70,8 @@ def launch_record(file, line, driver, verdict: Verdict) -> dict:
         "unresolved": [{"word": shown, "reason": reason} for shown, reason in verdict.unresolved],
         "cannot_check": verdict.cannot_check,
         "errors": [{"message": message, "fix": fix} for message, fix in verdict.errors],
-        "ignored": verdict.ignored, "errors_counted": verdict.refusals_counted,
+        "ignored": _sglang_words(verdict.ignored)[1], "sglang_words": _sglang_words(verdict.ignored)[0],
+        "errors_counted": verdict.refusals_counted,
     }
 
 

@@ -573,9 +573,10 @@ class TestMainArgumentList:
         unknown = ["--context-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", *unknown])
         assert status == 1 and CONTRACT_FIX in out
-        assert "--context-parallel-size 2, --sglang-mem-fraction-static 0.7" in out
+        assert "the contract does not read them): --context-parallel-size 2\n" in out
+        assert "the contract does not read them): --sglang-mem-fraction-static 0.7\n" in out
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", "--use-tis", *unknown])
-        assert status == 0 and "--context-parallel-size 2, --sglang-mem-fraction-static 0.7" in out
+        assert status == 0 and "--context-parallel-size 2" in out and "--sglang-mem-fraction-static 0.7" in out
 
     def test_grpo_is_exempt_and_sync_checks_as_train_py(self, capsys):
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "grpo"])
@@ -696,7 +697,20 @@ class TestUpstreamStyleLaunchers:
         assert records[2]["errors"][0]["fix"] == CONTRACT_FIX
         assert "--num-layers 36" in records[2]["ignored"]
         assert set(records[0]) == {"file", "line", "driver", "verdict", "exit_class", "exit_status", "contract",
-                                   "depends_on", "unresolved", "cannot_check", "errors", "ignored", "errors_counted"}
+                                   "depends_on", "unresolved", "cannot_check", "errors", "ignored", "sglang_words",
+                                   "errors_counted"}
+
+    def test_sglang_flags_are_listed_as_sglang_server_arguments_not_as_unknown(self, capsys):
+        argv = ["--advantage-estimator", "ppo", "--use-tis", "--rollout-backend", "sglang",
+                "--sglang-mem-fraction-static", "0.7", "--num-layers", "36"]
+        status, out, _ = _run(capsys, ["--format", "json", "--", *argv])
+        record = json.loads(out)[0]
+        assert status == 0 and record["verdict"] == "OK"
+        assert record["sglang_words"] == ["--sglang-mem-fraction-static 0.7"]
+        assert record["ignored"] == ["--num-layers 36"]
+        status, out, _ = _run(capsys, ["--", *argv])
+        assert "SGLang server arguments" in out and "--sglang-mem-fraction-static 0.7" in out
+        assert "ignored (unknown to the miles parser; the contract does not read them): --num-layers 36" in out
 
     def test_json_for_one_argument_list_and_a_launcher_it_cannot_see_into(self, capsys):
         status, out, _ = _run(capsys, ["--format", "json", "--", "--advantage-estimator", "ppo", "--use-tis"])
