@@ -6,9 +6,12 @@ import pytest
 
 from miles.utils.arguments import parse_args
 
-# Small settings: 4 prompts x 4 samples, a few rollouts. Each test adds what it checks.
-SMALL_RUN = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4", "--eval-interval", "0",
-             "--no-use-tensorboard"]
+# Small settings: 4 prompts x 4 samples, a few rollouts. Each test adds what it checks. SMALL_RUN pins the torch
+# backend to keep the suite's time (megatron-core's start-up in every train process); a later --train-backend in
+# a test's argv overrides it, and test_megatron's default-launch test uses SMALL_SETTINGS to run the true default.
+SMALL_SETTINGS = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4",
+                  "--eval-interval", "0", "--no-use-tensorboard"]
+SMALL_RUN = ["--train-backend", "torch", *SMALL_SETTINGS]
 
 
 @pytest.fixture(scope="session")
