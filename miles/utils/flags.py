@@ -31,7 +31,6 @@ UPSTREAM_DEFAULT_DEPARTURES = {
                                     "docs) is measured over a group per prompt"),
     "--lr-decay-style": ("constant", "linear", "the embedded default's numbers (README, docs) were measured at a "
                          "constant rate"),
-    "--train-backend": ("torch", "megatron", "the embedded default trains in one process without megatron-core"),
     "--rollout-backend": ("torch", "sglang (its only engine)", "the embedded default's one-minute run needs no "
                           "SGLang install; --rollout-backend sglang runs SGLang, docs/sglang.md"),
     "--actor-num-gpus-per-node": ("1", "8", "the embedded default trains in one process; without GPUs a 'GPU' is a "
@@ -322,10 +321,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--train-backend",
         choices=TRAIN_BACKENDS,
-        default="torch",
-        help="Trainer of the actor and critic: 'torch' (a Hugging Face model in one process) or 'megatron' "
-        "(megatron-core's GPTModel converted from the Hugging Face checkpoint; Qwen2-family models; needs the "
-        "[megatron] extra, docs/megatron.md). Both take the same steps. (default: %(default)s)",
+        default="megatron",
+        help="Trainer of the actor and critic: 'megatron' (megatron-core's GPTModel converted from the Hugging Face "
+        "checkpoint, as upstream; Qwen2-family models; needs the [megatron] extra, which scripts/setup.sh installs, "
+        "docs/megatron.md) or 'torch' (the Hugging Face model as it is: any causal LM megatron cannot convert). "
+        "Both take the same steps. (default: %(default)s)",
     )
 
 

@@ -6,9 +6,13 @@ import pytest
 
 from miles.utils.arguments import parse_args
 
-# Small settings: 4 prompts x 4 samples, a few rollouts. Each test adds what it checks.
-SMALL_RUN = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4", "--eval-interval", "0",
-             "--no-use-tensorboard", "--no-save-plots"]  # the plots: 3-6 s a run; test_training checks a default run's
+# Small settings: 4 prompts x 4 samples, a few rollouts. Each test adds what it checks. SMALL_RUN pins the torch
+# backend to keep the suite's time (megatron-core's start-up in every train process); a later --train-backend in
+# a test's argv overrides it, and test_megatron's default-launch test uses SMALL_SETTINGS to run the true default.
+# The end-of-run plots cost 3-6 s a run: skipped here, and test_training checks a default run's.
+SMALL_SETTINGS = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout", "4",
+                  "--eval-interval", "0", "--no-use-tensorboard", "--no-save-plots"]
+SMALL_RUN = ["--train-backend", "torch", *SMALL_SETTINGS]
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,12 @@ import pytest
 
 import train
 import train_async
+from miles.backends.training_utils.checkpoint import load_trainer_state, rollout_dir
 from miles.tracking.metrics import read_metrics
+from miles.utils.arguments import parse_args
+from miles.utils.errors import MilesConfigError
+from miles.utils.preflight import preflight
+from tests.e2e.conftest import SMALL_SETTINGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.megatron, pytest.mark.timeout(300)]
 MEGATRON = ["--train-backend", "megatron"]
@@ -61,3 +66,21 @@ def test_a_short_sync_grpo_run_has_the_torch_backends_metrics(make_args, tmp_pat
         for name in names:
             expected, actual = torch_record[name], megatron_record[name]
             assert actual == pytest.approx(expected, rel=1e-4, abs=1e-6), name
+
+
+def test_the_readme_main_job_with_no_backend_flag_trains_with_megatron(tmp_path):
+    """The default launch (the README's main job at small settings, no --train-backend) trains with megatron-core:
+    its checkpoint records the backend, and a resume with --train-backend torch is refused."""
+    save = str(tmp_path / "save")
+    argv = [*SMALL_SETTINGS, "--advantage-estimator", "ppo", "--keep-old-actor", "--num-rollout", "2",
+            "--save", save, "--save-interval", "1"]
+    args = parse_args(argv=[*argv, "--log-dir", str(tmp_path / "run")])
+    assert args.train_backend == "megatron"
+    records = run(args, train_async)
+    assert column(records, "off_policy/staleness_max") == [0, 1]
+    for role in ("actor", "critic"):
+        assert load_trainer_state(rollout_dir(save, 1) / role)["train_backend"] == "megatron"
+    with pytest.raises(MilesConfigError, match="saved with --train-backend megatron"):
+        preflight(parse_args(argv=[*argv, "--train-backend", "torch", "--load", save, "--critic-load", save,
+                                   "--hf-checkpoint", args.hf_checkpoint, "--prompt-data", args.prompt_data,
+                                   "--eval-prompt-data", args.eval_prompt_data, "--log-dir", str(tmp_path / "resume")]))

@@ -21,7 +21,8 @@ def trainer_args(embedded: EmbeddedPaths, *flags: str):
     args = parse_args(argv=[
         "--advantage-estimator", "grpo", "--rollout-batch-size", str(NUM_PROMPTS),
         "--n-samples-per-prompt", str(SAMPLES_PER_PROMPT), "--micro-batch-size", "8",
-        "--rollout-temperature", str(TEMPERATURE), "--lr", "1e-2", *flags,
+        "--rollout-temperature", str(TEMPERATURE), "--lr", "1e-2",
+        "--train-backend", "torch", *flags,  # tests that compare backends pass theirs after it
     ])
     args.hf_checkpoint = embedded.checkpoint_dir
     return args

@@ -20,8 +20,8 @@ def check_megatron_backend(hf_checkpoint: str, cuda_available: bool, tensor_para
     (and split over ``tensor_parallel_size`` ranks)."""
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise MilesConfigError(
-            "--train-backend megatron needs megatron-core, which is not installed. Install the extra "
-            "(pip install -e '.[megatron]'; scripts/setup.sh does), or use --train-backend torch."
+            "--train-backend megatron (the default, as upstream's) needs megatron-core, which is not installed. "
+            "Install the extra (pip install -e '.[megatron]'; scripts/setup.sh does), or pass --train-backend torch."
         )
     config = json.loads((Path(hf_checkpoint).expanduser() / "config.json").read_text())
     for problem in _unsupported(config, cuda_available) + _not_divisible(config, tensor_parallel_size):

@@ -2,6 +2,10 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +54,25 @@ def test_a_missing_megatron_core_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(MilesConfigError, match=r"pip install -e '\.\[megatron\]'"):
         check_megatron_backend(_checkpoint(tmp_path), cuda_available=False)
 
+
+def test_a_bare_launch_without_the_extra_fails_in_one_line_before_ray_starts(embedded, tmp_path):
+    """The default backend is megatron: without megatron-core, a bare ``train_async.py`` names the extra and the
+    torch backend in its one error line. A regular ``megatron`` package first on the path hides the installed
+    namespace package's ``megatron.core``, as if the extra were not installed."""
+    (tmp_path / "megatron").mkdir()
+    (tmp_path / "megatron" / "__init__.py").write_text("")
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)]),
+           "MILES_CACHE_DIR": str(Path(embedded.checkpoint_dir).parents[1])}
+    done = subprocess.run([sys.executable, "train_async.py", "--log-dir", str(tmp_path / "run")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert "needs megatron-core, which is not installed" in errors[0]
+    assert "pip install -e '.[megatron]'" in errors[0] and "--train-backend torch" in errors[0]
+    assert "Ray" not in done.stdout + done.stderr  # refused in the preflight: no cluster was started
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,8 @@ def test_ranks_map_to_one_bundle_per_node():
     [
         (["--actor-num-gpus-per-node", "0"], "--actor-num-gpus-per-node is 0, but it must be >= 1"),
         (["--pipeline-model-parallel-size", "2"], "pipeline parallelism is not implemented"),
-        (["--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"], "Add --train-backend megatron"),
+        (["--train-backend", "torch", "--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"],
+         "Add --train-backend megatron"),
         (["--train-backend", "megatron", "--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "3"],
          "= 3 rank\\(s\\), which --tensor-model-parallel-size 2 does not divide"),
         (["--actor-num-gpus-per-node", "2", "--micro-batch-size", "3"],

@@ -19,7 +19,8 @@ from miles.utils.preflight import check_rollouts_left, preflight
 
 def _args(embedded, tmp_path: Path, *argv: str):
     return parse_args(argv=["--hf-checkpoint", embedded.checkpoint_dir, "--prompt-data", embedded.train_jsonl,
-                            "--eval-prompt-data", embedded.eval_jsonl, "--log-dir", str(tmp_path / "run"), *argv])
+                            "--eval-prompt-data", embedded.eval_jsonl, "--log-dir", str(tmp_path / "run"),
+                            "--train-backend", "torch", *argv])  # the saved runs here are the torch backend's
 
 
 def _files_under(folder: Path) -> list[str]:
