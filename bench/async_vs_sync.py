@@ -325,7 +325,11 @@ def warm_up_run(log_root: Path, extra: list[str]) -> None:
 
 
 def training_argv(num_rollout: int, extra: list[str]) -> list[str]:
-    return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", "--no-save-plots", *extra]
+    """The benchmarks' runs: the torch training backend (their recorded numbers were measured with it before
+    megatron became the default; ``bench/backends.py`` compares the two, and a later ``--train-backend`` in
+    ``extra`` wins), no TensorBoard, no end-of-run plots."""
+    return ["--num-rollout", str(num_rollout), "--eval-interval", "0", "--no-use-tensorboard", "--no-save-plots",
+            "--train-backend", "torch", *extra]
 
 
 def loop_efficiency(name: str, runs: dict[str, list[list[dict]]], events: list[dict], warmup: int

@@ -64,11 +64,13 @@ _NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.in
 
 def digest_table(state_dict_or_model: Mapping[str, torch.Tensor] | torch.nn.Module) -> DigestTable:
     """Per tensor name of the mapping (or of ``model.state_dict()``), its ``TensorDigest``. Tied weights appear under
-    both names, on both sides."""
+    both names, on both sides. Entries that are not tensors (megatron's ``_extra_state``, None or bytes of
+    transformer-engine metadata, no weights) are left out."""
     if isinstance(state_dict_or_model, torch.nn.Module):
         state_dict_or_model = state_dict_or_model.state_dict()
     with torch.no_grad():
-        return {name: tensor_digest(tensor) for name, tensor in state_dict_or_model.items()}
+        return {name: tensor_digest(tensor) for name, tensor in state_dict_or_model.items()
+                if isinstance(tensor, torch.Tensor)}
 
 
 def combine_digests(table: Mapping[str, TensorDigest]) -> str:

@@ -16,6 +16,7 @@ import train
 from miles.backends.training_utils import checkpoint, train_process
 from miles.tracking.metrics import read_metrics
 from miles.utils.cli import run_cli
+from tests.e2e.conftest import SMALL_RUN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -95,9 +96,8 @@ def test_a_signal_stops_after_the_rollout_in_progress_saves_it_and_load_resumes(
     save, log_dir = tmp_path / "ckpt", tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MILES_CACHE_DIR": str(Path(embedded_cache.checkpoint_dir).parents[1])}
     env.pop("RAY_ADDRESS", None)  # its own local cluster, as a user's run would start
-    command = [sys.executable, driver, "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-rollout",
-               "1000", "--eval-interval", "0", "--no-use-tensorboard", "--advantage-estimator", "grpo", "--save",
-               str(save), "--save-interval", "10", "--log-dir", str(log_dir)]
+    command = [sys.executable, driver, *SMALL_RUN, "--num-rollout", "1000", "--advantage-estimator", "grpo",  # as the resume
+               "--save", str(save), "--save-interval", "10", "--log-dir", str(log_dir)]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     deadline = time.monotonic() + 180

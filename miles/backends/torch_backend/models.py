@@ -50,6 +50,8 @@ class HFTrainModel(TrainModel):
         state = self.module.state_dict() if native_state is None else native_state
         return {name: tensor.detach().clone() for name, tensor in state.items()}
 
+    native_layout_is_hf = True
+
     def hf_tensors(self, native_state: Mapping[str, object]) -> StateDict:
         return {name: tensor.detach() for name, tensor in native_state.items()}  # the HF layout already
 

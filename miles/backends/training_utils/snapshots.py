@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from miles.backends.training_utils.train_model import clone_state
-from miles.guard.fingerprint import DigestTable
+from miles.guard.fingerprint import DigestTable, digest_table
 from miles.utils.errors import OffPolicyGuardError
 
 
@@ -26,6 +26,7 @@ class WeightSnapshot:
     version: int
     digests: DigestTable  # per HF tensor, its digest at the push (miles.guard.fingerprint)
     state_dict: dict[str, torch.Tensor]  # the trainer's native layout (megatron: fused, sharded)
+    native_digests: DigestTable  # per tensor of state_dict, its digest when the snapshot was taken
 
 
 class WeightSnapshotStore:
@@ -38,12 +39,17 @@ class WeightSnapshotStore:
     def versions(self) -> list[int]:
         return sorted(self._snapshots)
 
-    def add_pushed(self, version: int, state_dict: dict[str, torch.Tensor], digests: DigestTable) -> None:
-        """Record the weights pushed as ``version``; drop versions no unconsumed rollout can still reference."""
+    def add_pushed(self, version: int, state_dict: dict[str, torch.Tensor], digests: DigestTable,
+                   native_digests: DigestTable | None = None) -> None:
+        """Record the weights pushed as ``version`` (``digests``: the push's, per HF tensor); drop versions no
+        unconsumed rollout can still reference. ``native_digests``: those of ``state_dict`` when the caller has them
+        (the torch backend's layout is the HF one, so they are ``digests``); otherwise computed from the copy."""
         if self._snapshots and version <= max(self._snapshots):
             raise ValueError(f"weight version {version} is not newer than {max(self._snapshots)}")
         previous = max(self._snapshots, default=None)
-        self._snapshots[version] = WeightSnapshot(version, digests, clone_state(state_dict))
+        copy = clone_state(state_dict)
+        native = digest_table(copy) if native_digests is None else native_digests
+        self._snapshots[version] = WeightSnapshot(version, digests, copy, native)
         if previous is not None:
             self._release_older_than(previous)
 

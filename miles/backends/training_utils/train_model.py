@@ -49,6 +49,8 @@ class TrainModel:
         """The weights (the module's, or ``native_state``) as new tensors in the Hugging Face layout."""
         raise NotImplementedError
 
+    native_layout_is_hf = False  # True where ``module.state_dict()`` is already the HF layout (names and shapes)
+
     def hf_tensors(self, native_state: Mapping[str, object]) -> StateDict:
         """``native_state`` in the Hugging Face layout, to be read (hashed), never written: a backend whose native
         layout is the HF one returns its tensors without copying them."""

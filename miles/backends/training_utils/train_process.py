@@ -277,7 +277,11 @@ class PolicyTrainer(_TrainProcess):
         self.version_to_rollouts_trained[self.weight_version] = rollouts_trained
         self.pushed_fingerprints[self.weight_version] = fingerprint
         if self.snapshots is not None:
-            self.snapshots.add_pushed(self.weight_version, self.model.module.state_dict(), digests)
+            native_state = self.model.module.state_dict()
+            start = time.perf_counter()  # the guard's part: the hash of the snapshot's layout, where it is not HF's
+            native_digests = digests if self.model.native_layout_is_hf else digest_table(native_state)
+            self._push_guard_s += time.perf_counter() - start
+            self.snapshots.add_pushed(self.weight_version, native_state, digests, native_digests)
         return {"version": self.weight_version, "fingerprint": fingerprint, "state_dict": state_dict}
 
     @contextlib.contextmanager
@@ -311,15 +315,19 @@ class PolicyTrainer(_TrainProcess):
         version = samples[0].weight_versions[0]
         with self._guard_time():
             snapshot = self.snapshots.take_for_training(version, rollout_id)
-            # The fingerprint is recomputed from the snapshot's weights (in the layout the engines received), so a
-            # wrong tensor under the right label fails, and the error names it (against the push's digests).
-            digests = digest_table(self.model.hf_tensors(snapshot.state_dict))
-            snapshot_fingerprint = combine_digests(digests)
+            # The snapshot's tensors are hashed again, in the trainer's layout, against their digests when it was
+            # taken, so a wrong tensor under the right label fails. Intact, it holds what was pushed: its
+            # fingerprint is the push's. Otherwise it is converted to the layout the engines received, so the
+            # fingerprint and the error name tensors as the engines know them (against the push's digests).
+            differing = ()
+            if digest_table(snapshot.state_dict) == snapshot.native_digests:
+                snapshot_fingerprint = combine_digests(snapshot.digests)
+            else:
+                digests = digest_table(self.model.hf_tensors(snapshot.state_dict))
+                snapshot_fingerprint, differing = combine_digests(digests), differing_tensors(snapshot.digests, digests)
             for sample_version, sample_fingerprint in {(s.weight_versions[0], s.weight_fingerprint) for s in samples}:
                 off_policy.check_snapshot_provenance(
-                    rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint,
-                    differing_tensors(snapshot.digests, digests) if snapshot_fingerprint != sample_fingerprint else (),
-                )
+                    rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint, differing)
             referenced = [version] + [v for v in self.pushed_fingerprints if v > version]
             off_policy.check_snapshot_count(rollout_id, self.snapshots.versions(), referenced, limit=2)
         with self.model.swapped_weights(snapshot.state_dict):

@@ -139,3 +139,9 @@ def test_every_tensor_kind_is_hashed_by_numpy_s_bytes_of_it(tensor):
 def test_dtypes_numpy_lacks_are_hashed_by_their_raw_bytes():
     tensor = torch.tensor([0.5, -1.0, 448.0]).to(torch.float8_e4m3fn)
     assert tensor_digest(tensor).digest == xxhash.xxh3_128(tensor.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def test_entries_that_are_not_tensors_are_left_out_of_the_table():
+    """megatron's state dicts carry ``_extra_state`` entries (None, or bytes of metadata): no weights to hash."""
+    table = digest_table({"w": torch.ones(2), "layer._extra_state": None, "other._extra_state": b"meta"})
+    assert list(table) == ["w"]
