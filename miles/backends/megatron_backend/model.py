@@ -176,6 +176,13 @@ class MegatronTrainModel(TrainModel):
         scores, _ = self._forward(samples)  # (B, T, 1)
         return gather_response_values(scores.squeeze(-1), samples)
 
+    def on_every_rank(self, flag: bool) -> bool:
+        if torch.distributed.get_world_size(self.tensor_parallel_group) == 1:
+            return flag
+        value = torch.tensor([int(flag)], dtype=torch.int32)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN, group=self.tensor_parallel_group)
+        return bool(value.item())
+
     def hf_state_dict(self, native_state: Mapping[str, object] | None = None) -> StateDict:
         state = self.module.state_dict() if native_state is None else native_state
         whole = gather_state(state, self.partition_dims, self.hf_config.vocab_size, self.tensor_parallel_group)

@@ -51,6 +51,11 @@ class TrainModel:
 
     native_layout_is_hf = False  # True where ``module.state_dict()`` is already the HF layout (names and shapes)
 
+    def on_every_rank(self, flag: bool) -> bool:
+        """``flag`` held on every rank that shares this model's shards (a collective where there are several: every
+        rank calls it), so that all of them take the same path before a gather."""
+        return flag
+
     def hf_tensors(self, native_state: Mapping[str, object]) -> StateDict:
         """``native_state`` in the Hugging Face layout, to be read (hashed), never written: a backend whose native
         layout is the HF one returns its tensors without copying them."""

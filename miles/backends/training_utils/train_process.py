@@ -320,7 +320,7 @@ class PolicyTrainer(_TrainProcess):
             # fingerprint is the push's. Otherwise it is converted to the layout the engines received, so the
             # fingerprint and the error name tensors as the engines know them (against the push's digests).
             differing = ()
-            if digest_table(snapshot.state_dict) == snapshot.native_digests:
+            if self.model.on_every_rank(digest_table(snapshot.state_dict) == snapshot.native_digests):  # TP: all agree
                 snapshot_fingerprint = combine_digests(snapshot.digests)
             else:
                 digests = digest_table(self.model.hf_tensors(snapshot.state_dict))
