@@ -321,7 +321,7 @@ class PolicyTrainer(_TrainProcess):
             # fingerprint and the error name tensors as the engines know them (against the push's digests).
             differing = ()
             if self.model.on_every_rank(digest_table(snapshot.state_dict) == snapshot.native_digests):  # TP: all agree
-                snapshot_fingerprint = combine_digests(snapshot.digests)
+                snapshot_fingerprint = self.pushed_fingerprints[snapshot.version]  # combine_digests(snapshot.digests)
             else:
                 digests = digest_table(self.model.hf_tensors(snapshot.state_dict))
                 snapshot_fingerprint, differing = combine_digests(digests), differing_tensors(snapshot.digests, digests)
