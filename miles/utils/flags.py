@@ -3,7 +3,8 @@
 Flag names follow upstream miles (kebab-case on the command line, snake_case on ``args``). Every flag has a
 default, and the defaults train the embedded default (a tiny model on digit addition, see
 ``docs/embedded_default.md``) on a CPU, so ``python train_async.py`` alone runs. Where a default departs from
-upstream, it is listed in ``UPSTREAM_DEFAULT_DEPARTURES`` (shown in ``--help`` and in the docs).
+upstream, it is listed in ``miles/conformance/departures.toml`` (rendered into ``--help`` and the docs, and checked
+against upstream's own parser: docs/conformance.md).
 
 Validation and derived values live in ``miles/utils/arguments.py``; this module only declares flags, so it
 imports nothing heavy.
@@ -12,31 +13,9 @@ imports nothing heavy.
 import argparse
 
 from miles.backends import TRAIN_BACKENDS
+from miles.conformance.departures import help_lines
 
 ROLLOUT_BACKENDS = ("torch", "sglang")
-
-# flag -> (miles default, upstream default, why)
-UPSTREAM_DEFAULT_DEPARTURES = {
-    "--num-rollout": ("300", "required", "the embedded default trains in a few minutes"),
-    "--rollout-batch-size": ("16", "required", "prompts per rollout for the embedded task"),
-    "--n-samples-per-prompt": ("8", "1", "GRPO needs a group per prompt"),
-    "--micro-batch-size": ("128", "1", "one rollout of the embedded task is one forward pass on a CPU"),
-    "--lr": ("3e-4", "1e-6", "upstream's lr is for large models; the tiny model needs its own"),
-    "--rollout-max-response-len": ("3", "required", "the embedded task's answers are at most 2 digits + <eos>"),
-    "--rm-type": ("math_exact", "none", "the embedded task's rule reward"),
-    "--input-key": ("prompt", "input", "the embedded data's key"),
-    "--label-key": ("label", "none", "the embedded data's key"),
-    "--eval-interval": ("25", "none", "the embedded default reports held-out accuracy"),
-    "--n-samples-per-eval-prompt": ("--n-samples-per-prompt", "1", "the embedded default's eval accuracy (README, "
-                                    "docs) is measured over a group per prompt"),
-    "--lr-decay-style": ("constant", "linear", "the embedded default's numbers (README, docs) were measured at a "
-                         "constant rate"),
-    "--rollout-backend": ("torch", "sglang (its only engine)", "the embedded default's one-minute run needs no "
-                          "SGLang install; --rollout-backend sglang runs SGLang, docs/sglang.md"),
-    "--actor-num-gpus-per-node": ("1", "8", "the embedded default trains in one process; without GPUs a 'GPU' is a "
-                                  "train process with one CPU bundle"),
-}
-
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("algorithm")
@@ -504,8 +483,6 @@ def help_epilog() -> str:
         "every numeric flag's range, and every path and prompt file, is checked before Ray starts "
         "(docs/training.md, 'Checked at startup').",
         "",
-        "defaults that depart from upstream miles (all chosen so a bare launch trains the embedded default):",
+        *help_lines(),
     ]
-    for flag, (ours, upstream, why) in UPSTREAM_DEFAULT_DEPARTURES.items():
-        lines.append(f"  {flag} {ours} (upstream: {upstream}): {why}")
     return "\n".join(lines)

@@ -192,7 +192,9 @@ class TestParser:
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--help"])
         out = capsys.readouterr().out
-        assert "depart from upstream" in out and "--lr 3e-4 (upstream: 1e-6)" in out
+        assert "depart from upstream" in out
+        assert "--lr (default): 0.0003 (upstream: 1e-06)" in out  # rendered from departures.toml
+        assert "--no-use-tensorboard: turns off TensorBoard" in out
 
     def test_disable_grpo_std_normalization_has_upstreams_action_and_dest(self):
         # Upstream: store_false into grpo_std_normalization, so a custom function written for upstream reads it.

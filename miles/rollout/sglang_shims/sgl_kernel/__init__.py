@@ -3,7 +3,7 @@ raises if called (miles/rollout/sglang_shims/__init__.py). SGLang's torch-native
 
 import sys
 
-from miles.rollout.sglang_shims import StandInModule
+from miles_stand_in import StandInModule
 
 __version__ = "0.0.0+miles.stand-in"
 sys.modules[__name__].__class__ = StandInModule

@@ -7,7 +7,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 
-from miles.rollout.sglang_shims import StandInModule
+from miles_stand_in import StandInModule
 
 
 class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

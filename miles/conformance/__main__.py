@@ -1,0 +1,5 @@
+import sys
+
+from miles.conformance.report import main
+
+sys.exit(main())

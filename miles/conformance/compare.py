@@ -1,0 +1,98 @@
+"""Comparing miles' parser with upstream's, flag by flag (pure functions over ``parser_spec`` records).
+
+A shared flag (a long option both parsers accept) differs in a field when its records disagree on ``dest``,
+``type``, ``choices``, ``action``, ``nargs`` or ``required``, or on ``default``: the value each namespace holds
+when the flag is not given (upstream's after its default-setting step). Every difference must be listed in
+``departures.toml`` with its reason; a listed field that no longer differs is stale. Both fail the conformance
+check (docs/conformance.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles.conformance.departures import Departure
+
+RECORD_FIELDS = ("dest", "type", "choices", "action", "nargs", "required")
+# The command line both parsers read for their defaults: upstream requires --rollout-batch-size, so both get miles'
+# default (the "required" field records that departure).
+BASE_COMMAND_LINE = ["--rollout-batch-size", "16"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    flag: str
+    field: str
+    miles: object
+    upstream: object
+
+    def __str__(self) -> str:
+        return f"{self.flag}: {self.field} is {self.miles!r} in miles, {self.upstream!r} upstream"
+
+
+def shared_flags(miles_options: dict, upstream_options: dict) -> list[str]:
+    return sorted(set(miles_options) & set(upstream_options))
+
+
+def flag_differences(miles_options: dict, upstream_options: dict, miles_defaults: dict, upstream_defaults: dict):
+    """Every (flag, field) in which a shared flag differs, ``default`` from the namespaces of
+    ``BASE_COMMAND_LINE`` (``{dest: value}``)."""
+    differences = []
+    for flag in shared_flags(miles_options, upstream_options):
+        ours, theirs = miles_options[flag], upstream_options[flag]
+        for name in RECORD_FIELDS:
+            if ours[name] != theirs[name]:
+                differences.append(Difference(flag, name, ours[name], theirs[name]))
+        ours_default, theirs_default = miles_defaults[ours["dest"]], upstream_defaults[theirs["dest"]]
+        if ours_default != theirs_default:
+            differences.append(Difference(flag, "default", ours_default, theirs_default))
+    return differences
+
+
+def undocumented(differences: list[Difference], departures: dict[str, Departure]) -> list[Difference]:
+    """The differences no departure lists."""
+    return [d for d in differences if d.field not in departures.get(d.flag, Departure.NONE).differs]
+
+
+def stale_listings(differences: list[Difference], departures: dict[str, Departure]) -> list[str]:
+    """``"--flag: field"`` for each listed field in which the flag no longer differs (a departure of meaning,
+    which no parser shows, is never stale)."""
+    found = {(d.flag, d.field) for d in differences}
+    return [f"{flag}: {name}" for flag, departure in departures.items() for name in departure.differs
+            if name != "meaning" and (flag, name) not in found]
+
+
+def wrong_default_listings(differences: list[Difference], departures: dict[str, Departure]) -> list[str]:
+    """A listed default departure whose ``miles`` or ``upstream`` value is not the parsers' (so the table in
+    ``--help`` and the docs says what the code does)."""
+    wrong = []
+    for d in differences:
+        departure = departures.get(d.flag)
+        if d.field != "default" or departure is None or "default" not in departure.differs:
+            continue
+        for side, listed, actual in (("miles", departure.miles, d.miles), ("upstream", departure.upstream, d.upstream)):
+            if not _same_value(listed, actual):
+                wrong.append(f"{d.flag}: departures.toml says {side} {listed!r}, the parser has {actual!r}")
+    return wrong
+
+
+def _same_value(listed, actual) -> bool:
+    if actual is None:
+        return listed == "none"
+    if isinstance(actual, bool):
+        return listed is actual  # TOML's true/false; 1 == True must not pass
+    if not isinstance(actual, (int, float)):
+        return listed == actual
+    return isinstance(listed, (int, float)) and not isinstance(listed, bool) and float(listed) == float(actual)
+
+
+def only_in_miles(miles_options: dict, upstream_options: dict) -> list[str]:
+    return sorted(set(miles_options) - set(upstream_options))
+
+
+def value_disagreements(flags: list[str], miles_options: dict, upstream_options: dict, miles_ns: dict,
+                        upstream_ns: dict) -> list[str]:
+    """For one command line parsed by both: each of ``flags`` whose value differs between the namespaces."""
+    return [f"{flag}: miles {miles_ns[miles_options[flag]['dest']]!r}, upstream "
+            f"{upstream_ns[upstream_options[flag]['dest']]!r}" for flag in flags
+            if miles_ns[miles_options[flag]["dest"]] != upstream_ns[upstream_options[flag]["dest"]]]

@@ -1,0 +1,60 @@
+"""compare: differences between two parsers' records, and the departures table's bookkeeping, on hand-made records."""
+
+from miles.conformance.compare import (
+    Difference,
+    flag_differences,
+    only_in_miles,
+    stale_listings,
+    undocumented,
+    value_disagreements,
+    wrong_default_listings,
+)
+from miles.conformance.departures import Departure
+
+
+def _record(dest, **fields):
+    return {"dest": dest, "type": "str", "choices": None, "action": "store", "nargs": None, "required": False,
+            **fields}
+
+
+MILES = {"--lr": _record("lr", type="float"), "--style": _record("style", choices=["a", "b"]),
+         "--norm": _record("norm", action="store_true", type=None, nargs=0), "--ours": _record("ours")}
+UPSTREAM = {"--lr": _record("lr", type="float"), "--style": _record("style", choices=["a", "b", "c"]),
+            "--norm": _record("grpo_norm", action="store_false", type=None, nargs=0), "--theirs": _record("theirs")}
+
+
+def test_every_field_a_shared_flag_differs_in_is_found_and_only_shared_flags_are_compared():
+    miles_defaults = {"lr": 3e-4, "style": "a", "norm": False}
+    upstream_defaults = {"lr": 1e-6, "style": "a", "grpo_norm": True}
+    found = {(d.flag, d.field) for d in flag_differences(MILES, UPSTREAM, miles_defaults, upstream_defaults)}
+    assert found == {("--lr", "default"), ("--style", "choices"), ("--norm", "dest"), ("--norm", "action"),
+                     ("--norm", "default")}
+    assert only_in_miles(MILES, UPSTREAM) == ["--ours"]
+
+
+def test_a_difference_not_listed_is_undocumented_and_a_listing_with_no_difference_is_stale():
+    differences = [Difference("--lr", "default", 3e-4, 1e-6), Difference("--style", "choices", ["a"], ["a", "c"])]
+    departures = {"--lr": Departure(differs=("default",), miles=3e-4, upstream=1e-6, why="w"),
+                  "--norm": Departure(differs=("action",), why="w"),
+                  "--max": Departure(differs=("meaning",), why="never stale: no parser shows it")}
+    assert undocumented(differences, departures) == [differences[1]]
+    assert stale_listings(differences, departures) == ["--norm: action"]
+
+
+def test_a_listed_default_must_be_the_parsers_value():
+    differences = [Difference("--lr", "default", 3e-4, 1e-6), Difference("--key", "default", "prompt", None),
+                   Difference("--tb", "default", True, False)]
+    right = {"--lr": Departure(differs=("default",), miles=0.0003, upstream=1e-6),
+             "--key": Departure(differs=("default",), miles="prompt", upstream="none"),
+             "--tb": Departure(differs=("default",), miles=True, upstream=False)}
+    assert wrong_default_listings(differences, right) == []
+    wrong = {"--lr": Departure(differs=("default",), miles=1e-4, upstream=1e-6),
+             "--key": Departure(differs=("default",), miles="prompt", upstream="input"),
+             "--tb": Departure(differs=("default",), miles=1, upstream=False)}  # 1 is not True here
+    assert len(wrong_default_listings(differences, wrong)) == 3
+
+
+def test_values_of_one_command_line_are_compared_through_each_sides_dest():
+    ours, theirs = {"lr": 0.25, "norm": True}, {"lr": 0.25, "grpo_norm": False}
+    assert value_disagreements(["--lr"], MILES, UPSTREAM, ours, theirs) == []
+    assert value_disagreements(["--norm"], MILES, UPSTREAM, ours, theirs) == ["--norm: miles True, upstream False"]
