@@ -103,8 +103,3 @@ def weights_are_finite(state_dict: Mapping[str, torch.Tensor]) -> bool:
         floating = [t for t in state_dict.values() if t.is_floating_point()]
         return math.isfinite(sum(float(t.sum()) for t in floating)) or all(bool(torch.isfinite(t).all())
                                                                           for t in floating)
-
-
-def short(fingerprint: str | None) -> str:
-    """The first 12 hex digits, enough to tell two fingerprints apart in an error message."""
-    return "none" if fingerprint is None else fingerprint[:12]

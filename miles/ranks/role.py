@@ -106,14 +106,10 @@ class TrainRole:
         for verb in VERBS:
             setattr(self, verb, _Verb(self.workers, verb))
 
-    def start(self, collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> TrainRole:
-        """Rendezvous and build every rank's train process; a rank that cannot join fails this within the timeout."""
-        address, port = ray.get(self.workers[0].rendezvous_address.remote())
-        self.ranks = ray.get([worker.start.remote(address, port, collective_timeout_s) for worker in self.workers])
+    def _log_started(self, address: str, port: int) -> None:
         logger.info("%s: %d rank(s) (tensor-parallel %d x data-parallel %d), rendezvous %s:%d, on nodes %s",
                     self.layout.role, self.layout.world_size, self.layout.tensor_parallel_size,
                     self.layout.data_parallel_size, address, port, [rank["node_id"] for rank in self.ranks])
-        return self
 
     def dead_ranks(self, timeout_s: float = 5.0) -> list[int]:
         """The ranks whose process has ended (a busy rank that does not answer within ``timeout_s`` is alive)."""
@@ -134,6 +130,17 @@ class TrainRole:
                 ray.kill(worker)
         with contextlib.suppress(Exception):
             remove_placement_group(self.group)
+
+
+def start_roles(roles: list[TrainRole], collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """Rendezvous and build every rank's train process of every role, all at once (each loads its model while the
+    others do); a rank that cannot join fails this within the timeout."""
+    addresses = ray.get([role.workers[0].rendezvous_address.remote() for role in roles])
+    started = [[worker.start.remote(address, port, collective_timeout_s) for worker in role.workers]
+               for role, (address, port) in zip(roles, addresses, strict=True)]
+    for role, refs, (address, port) in zip(roles, started, addresses, strict=True):
+        role.ranks = ray.get(refs)
+        role._log_started(address, port)
 
 
 ROLE_NAMES = {"actor": "the actor (policy trainer)", "critic": "the critic"}

@@ -15,9 +15,10 @@ import zlib
 
 import ray
 
-from miles.guard.fingerprint import short
+from miles.guard.display import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
+from miles.rollout.engine_actor import engine_actor_class
 from miles.rollout.rm import get_reward_fn
 from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError, RolloutEngineError
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
@@ -139,9 +140,11 @@ class RolloutManager:
 def create_rollout_manager(args, placement: Placement):
     """The manager actor (no CPU of its own: it only dispatches) and one engine actor per engine bundle."""
     engine_cpus = 0 if args.colocate else CPUS_PER_BUNDLE
+    engine_class = _engine_class(args)
+    actor_class = ray.remote(engine_actor_class(engine_class))
     engines = [
-        _engine_actor(args, index).options(num_cpus=engine_cpus, scheduling_strategy=placement.strategy(bundle))
-        .remote(*_engine_init_args(args, index))
+        actor_class.options(num_cpus=engine_cpus, scheduling_strategy=placement.strategy(bundle))
+        .remote(engine_class, *_engine_init_args(args, index))
         for index, bundle in enumerate(placement.engine_bundles)
     ]
     placement.actors.extend(engines)
@@ -152,15 +155,16 @@ def create_rollout_manager(args, placement: Placement):
     return manager
 
 
-def _engine_actor(args, index: int):
-    # torch + transformers (and sglang): imported here, where the caller has them already, not by the manager.
+def _engine_class(args) -> type:
+    # torch + transformers (and sglang): imported here, where the caller has them already, never by the manager,
+    # which receives the engines' handles as EngineActor shells (miles/rollout/engine_actor.py).
     if args.rollout_backend == "sglang":
         from miles.rollout.sglang_engine import SGLangRolloutEngine
 
-        return ray.remote(SGLangRolloutEngine)
+        return SGLangRolloutEngine
     from miles.rollout.engine import TorchRolloutEngine
 
-    return ray.remote(TorchRolloutEngine)
+    return TorchRolloutEngine
 
 
 def _engine_init_args(args, index: int) -> tuple:

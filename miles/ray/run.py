@@ -22,7 +22,7 @@ from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
 from miles.guard import off_policy
 from miles.ranks.layout import train_layouts
-from miles.ranks.role import TrainRole, dead_rank_names
+from miles.ranks.role import TrainRole, dead_rank_names, start_roles
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
@@ -284,13 +284,11 @@ def push_weights(rollout_manager, actor, rollouts_trained: int, after_training: 
 
 
 def _create_train_roles(args, roles: list) -> tuple[TrainRole, TrainRole | None]:
-    """The actor's ranks and, for PPO, the critic's, each in its own placement group; started together so the two
-    roles load their models at the same time. ``roles`` collects them for release."""
+    """The actor's ranks and, for PPO, the critic's, each in its own placement group, their processes starting (not
+    awaited: ``start_roles``). ``roles`` collects them for release."""
     for layout in train_layouts(args):
         roles.append(TrainRole(PolicyTrainer if layout.role == "actor" else ValueTrainer, args, layout,
                                args.ray_placement_timeout))
-    for role in roles:
-        role.start()
     return roles[0], (roles[1] if len(roles) > 1 else None)
 
 
@@ -317,7 +315,10 @@ def training_run(args, driver: str):
             actor, critic = _create_train_roles(args, roles)
             placement = create_placement(args.rollout_num_engines, args.colocate, args.ray_placement_timeout,
                                          actor.group, actor.layout.num_nodes)
+            # The engines start while the train processes do (each imports torch and loads a model): a run's
+            # start-up is the slower of the two, not their sum.
             rollout_manager = create_rollout_manager(args, placement)
+            start_roles(roles)
             start_rollout_id = ray.get(actor.init.remote())
             if critic is not None:
                 ray.get(critic.init.remote())
