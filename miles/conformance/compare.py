@@ -90,9 +90,8 @@ def only_in_miles(miles_options: dict, upstream_options: dict) -> list[str]:
     return sorted(set(miles_options) - set(upstream_options))
 
 
-def value_disagreements(flags: list[str], miles_options: dict, upstream_options: dict, miles_ns: dict,
-                        upstream_ns: dict) -> list[str]:
-    """For one command line parsed by both: each of ``flags`` whose value differs between the namespaces."""
-    return [f"{flag}: miles {miles_ns[miles_options[flag]['dest']]!r}, upstream "
-            f"{upstream_ns[upstream_options[flag]['dest']]!r}" for flag in flags
-            if miles_ns[miles_options[flag]["dest"]] != upstream_ns[upstream_options[flag]["dest"]]]
+def value_disagreement(flag: str, miles_options: dict, upstream_options: dict, miles_ns: dict,
+                       upstream_ns: dict) -> str | None:
+    """For one command line parsed by both: how ``flag``'s value differs between the namespaces, or None."""
+    ours, theirs = miles_ns[miles_options[flag]["dest"]], upstream_ns[upstream_options[flag]["dest"]]
+    return None if ours == theirs else f"{flag}: miles {ours!r}, upstream {theirs!r}"

@@ -4,6 +4,7 @@ for every ``--help``, and upstream's venv never imports it."""
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ class Addition:
     aliases: tuple = field(default=())
 
 
+@functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
 def _load() -> dict:
     with DEPARTURES_FILE.open("rb") as file:
         return tomllib.load(file)

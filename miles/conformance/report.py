@@ -32,7 +32,6 @@ from miles.utils.errors import AsyncOffPolicyCorrectionError
 _SAMPLE_VALUES = {"int": "3", "float": "0.25", "str": "sample"}
 _FLAG_ONLY_ACTIONS = ("store_true", "store_false", "store_const", "boolean_optional")
 CORRECTION_FLAGS = ("--use-rollout-logprobs", "--use-tis", "--keep-old-actor")
-ESTIMATORS = ("ppo", "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 def sample_command_lines(flag: str, record: dict) -> list[list[str]]:
@@ -49,10 +48,10 @@ def sample_command_lines(flag: str, record: dict) -> list[list[str]]:
     return [[*compare.BASE_COMMAND_LINE, flag, *values]]
 
 
-def contract_command_lines() -> list[list[str]]:
-    """Each estimator with every subset of the three corrections."""
+def contract_command_lines(estimators: list[str]) -> list[list[str]]:
+    """Each estimator (miles' ``--advantage-estimator`` choices) with every subset of the three corrections."""
     return [[*compare.BASE_COMMAND_LINE, "--advantage-estimator", estimator, *chosen]
-            for estimator in ESTIMATORS for size in range(len(CORRECTION_FLAGS) + 1)
+            for estimator in estimators for size in range(len(CORRECTION_FLAGS) + 1)
             for chosen in itertools.combinations(CORRECTION_FLAGS, size)]
 
 
@@ -108,8 +107,10 @@ def _sample_failures(report, samples, parsed, miles_parser, miles_options, upstr
             report.failures.append(f"{' '.join(words)}: miles {ours.get('error', 'parses it')}; upstream "
                                    f"{theirs.get('error', 'parses it')}")
             continue
-        report.failures += [f"{' '.join(words)}: {line}" for line in compare.value_disagreements(
-            [flag], miles_options, upstream_options, ours["namespace"], theirs["namespace"])]
+        disagreement = compare.value_disagreement(flag, miles_options, upstream_options, ours["namespace"],
+                                                  theirs["namespace"])
+        if disagreement is not None:
+            report.failures.append(f"{' '.join(words)}: {disagreement}")
 
 
 def _contract_failures(report, contract_lines, parsed) -> None:
@@ -130,7 +131,7 @@ def run_conformance(upstream_dump) -> ConformanceReport:
     miles_options = describe_parser(miles_parser)
     # every miles flag is sampled (which ones upstream shares is known only from the dump); the others are skipped
     samples = [(flag, words) for flag in sorted(miles_options) for words in sample_command_lines(flag, miles_options[flag])]
-    contract_lines = contract_command_lines()
+    contract_lines = contract_command_lines(miles_options["--advantage-estimator"]["choices"])
     upstream = upstream_dump([compare.BASE_COMMAND_LINE, *(words for _, words in samples), *contract_lines])
     upstream_options, (base, *parsed) = upstream["options"], upstream["namespaces"]
     report = ConformanceReport(command_lines=1 + len(samples) + len(contract_lines))

@@ -6,7 +6,7 @@ from miles.conformance.compare import (
     only_in_miles,
     stale_listings,
     undocumented,
-    value_disagreements,
+    value_disagreement,
     wrong_default_listings,
 )
 from miles.conformance.departures import Departure
@@ -56,5 +56,5 @@ def test_a_listed_default_must_be_the_parsers_value():
 
 def test_values_of_one_command_line_are_compared_through_each_sides_dest():
     ours, theirs = {"lr": 0.25, "norm": True}, {"lr": 0.25, "grpo_norm": False}
-    assert value_disagreements(["--lr"], MILES, UPSTREAM, ours, theirs) == []
-    assert value_disagreements(["--norm"], MILES, UPSTREAM, ours, theirs) == ["--norm: miles True, upstream False"]
+    assert value_disagreement("--lr", MILES, UPSTREAM, ours, theirs) is None
+    assert value_disagreement("--norm", MILES, UPSTREAM, ours, theirs) == "--norm: miles True, upstream False"

@@ -48,7 +48,9 @@ def test_sample_command_lines_cover_every_choice_or_one_value_of_the_type():
 
 
 def test_contract_lines_are_every_estimator_with_every_subset_of_the_three_corrections():
-    lines = contract_command_lines()
+    estimators = describe_parser(build_parser())["--advantage-estimator"]["choices"]
+    assert estimators == ["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+    lines = contract_command_lines(estimators)
     assert len(lines) == 5 * 8
     assert [*BASE, "--advantage-estimator", "ppo"] in lines
     assert [*BASE, "--advantage-estimator", "grpo", "--use-rollout-logprobs", "--use-tis", "--keep-old-actor"] in lines
