@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from miles.backends.training_utils.ppo_utils import LOG_RATIO_CLAMP, pad_samples, valid_positions
+from miles.backends.training_utils.loss_hub.math_utils import LOG_RATIO_CLAMP, pad_samples, valid_positions
 from miles.backends.training_utils.tis import TISChoice, tis_weights
 
 

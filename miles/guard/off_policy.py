@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from miles.backends.training_utils.ppo_utils import compute_approx_kl, compute_ess_ratio, pad_samples, valid_positions
+from miles.backends.training_utils.loss_hub.math_utils import compute_approx_kl, compute_ess_ratio, pad_samples, valid_positions
 from miles.guard.display import short
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError
 

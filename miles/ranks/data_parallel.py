@@ -73,16 +73,8 @@ class DataParallelRank(SingleRank):
         return {key: value for each in parts for key, value in each.items()}
 
 
-def data_parallel_rank(tensor_parallel_size: int = 1):
-    """This process's DP hooks: ``SingleRank`` unless it is one of several DP ranks of an initialized group.
-
-    With tensor parallelism the DP group is megatron's; without, it is the whole process group.
-    """
-    if not dist.is_initialized() or dist.get_world_size() // tensor_parallel_size == 1:
-        return SingleRank()
-    if tensor_parallel_size == 1:
-        return DataParallelRank(dist.get_rank(), dist.get_world_size(), dist.group.WORLD)
-    from megatron.core import parallel_state
-
-    return DataParallelRank(parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(),
-                            parallel_state.get_data_parallel_group())
+def data_parallel_rank(state):
+    """This process's DP hooks from its ``ParallelState`` (``miles.backends.training_utils.parallel``):
+    ``SingleRank`` unless its data-parallel group has several ranks."""
+    dp = state.intra_dp
+    return SingleRank() if dp.size == 1 else DataParallelRank(dp.rank, dp.size, dp.group)

@@ -173,6 +173,7 @@ def miles_validate_args(args) -> None:
     _check_checkpointing(args)
     _check_rollout_backend(args)
     check_rank_layout(args)
+    apply_custom_config(args)
     # Last: it reads --num-rollout, which miles-check may not know. With --num-epoch, --num-rollout is derived from
     # the data, and the schedule is checked then (miles.ray.run).
     if args.num_epoch is None:
@@ -270,6 +271,40 @@ def _check_tis_choices(args) -> None:
         from miles.backends.training_utils.loss_hub.corrections import load_tis_function  # imports torch
 
         load_tis_function(hook)  # a bad path fails here, before anything starts
+
+
+def apply_custom_config(args) -> None:
+    """--custom-config-path FILE.yaml: each key of the file's mapping becomes an attribute of ``args`` (upstream's
+    rule), for custom functions to read (e.g. a TIS hook's ``tis_batch_normalize``).
+
+    Applied after miles' checks of the command line, so a key may not change what miles already decided: a key
+    naming an attribute ``args`` has (a flag, or a value miles derived) must equal it, except the built-in TIS's
+    own settings (``TIS_CHOICE_DEFAULTS``) under --custom-tis-function-path, which replaces the built-in: there they
+    configure the hook, as in upstream's examples."""
+    path = args.custom_config_path
+    if path is None:
+        return
+    import yaml
+
+    try:
+        with open(path) as file:
+            data = yaml.safe_load(file) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise MilesConfigError(f"--custom-config-path {path} cannot be read as YAML ({error}). Pass a YAML file of "
+                               "name: value lines.") from None
+    if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
+        raise MilesConfigError(f"--custom-config-path {path} holds a {type(data).__name__}, but it must be a mapping "
+                               "of names to values (name: value lines).")
+    hook_settings = set(TIS_CHOICE_DEFAULTS) if args.custom_tis_function_path is not None else set()
+    for key, value in data.items():
+        if hasattr(args, key) and key not in hook_settings and getattr(args, key) != value:
+            raise MilesConfigError(
+                f"--custom-config-path {path} sets {key}: {value!r}, but the command line makes it {getattr(args, key)!r} "
+                f"and the file may only add settings for custom functions. Pass {flag_name(key)} on the command line."
+            )
+    for key, value in data.items():
+        setattr(args, key, value)
+        args.derived.append(f"{key} = {value!r} (from --custom-config-path)")
 
 
 def _check_kl(args) -> None:

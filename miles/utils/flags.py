@@ -187,6 +187,15 @@ def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the built-in of --tis-mode and --tis-level)",
     )
     group.add_argument(
+        "--custom-config-path",
+        type=str,
+        default=None,
+        help="YAML file of extra settings for custom functions (e.g. a --custom-tis-function-path hook's "
+        "tis_batch_normalize): each key becomes an attribute of args. A key naming a miles flag must agree with "
+        "the command line, except the built-in TIS's own settings (--tis-mode, --tis-level, --rs-*) when "
+        "--custom-tis-function-path replaces it. (default: none)",
+    )
+    group.add_argument(
         "--use-opsm",
         action="store_true",
         help="Off-Policy Sequence Masking (DeepSeek-V3.2): drop the negative-advantage tokens of a sequence whose "
@@ -317,6 +326,15 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
         "CPU bundle.",
     )
     group.add_argument("--actor-num-nodes", type=int, default=1, help="Nodes the actor's ranks span. (default: %(default)s)")
+    group.add_argument(
+        "--qkv-format",
+        type=str,
+        choices=["thd", "bshd"],
+        default="thd",
+        help="Upstream's sequence layout (thd: packed, bshd: padded), read by context-parallel code such as "
+        "upstream's TIS hooks; with miles' context-parallel size of 1 both give the same per-sample tensors. "
+        "(default: %(default)s)",
+    )
     group.add_argument(
         "--actor-num-gpus-per-node",
         type=int,

@@ -17,3 +17,11 @@ def restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_process_parallel_state():
+    """A test process is one rank: the layout a train process sets for itself (miles.backends.training_utils.parallel)."""
+    from miles.backends.training_utils.parallel import set_parallel_state, single_process_state
+
+    set_parallel_state(single_process_state())

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from miles.backends.training_utils.ppo_utils import (
+from miles.backends.training_utils.loss_hub.math_utils import (
+    get_advantages_and_returns_batch,
+    get_grpo_returns,
     get_reinforce_plus_plus_returns,
     group_normalize_rewards,
-    masked_gae,
     normalize_advantages,
     pad_samples,
     valid_positions,
@@ -64,31 +65,33 @@ class _Rollout:
         """(N, T_max) bool: True at unmasked response tokens."""
         return pad_samples([mask != 0 for mask in self.loss_masks], self.valid) if self.loss_masks else self.valid
 
+    @property
+    def response_lengths(self) -> list[int]:
+        return [mask.numel() for mask in self.loss_masks]
+
     def unpad(self, padded: torch.Tensor) -> list[torch.Tensor]:
         """(N, T_max) → one 1-D tensor per sample over its response tokens (views into one flat tensor)."""
         return list(padded[self.valid].split([mask.numel() for mask in self.loss_masks]))
 
     @functools.cached_property
-    def kl_penalty(self) -> torch.Tensor:
-        """−kl_coef·kl on the unmasked tokens, 0 elsewhere (zeros without KL shaping). (N, T_max)"""
+    def masked_kl(self) -> torch.Tensor:
+        """kl on the unmasked tokens, 0 elsewhere (zeros without KL shaping). (N, T_max)"""
         if self.kl is None or self.kl_coef == 0:
             return torch.zeros(self.valid.shape, dtype=self.rewards.dtype)
         kl = pad_samples([k.detach().to(self.rewards.dtype) for k in self.kl], self.valid)
-        return torch.where(self.unmasked, -self.kl_coef * kl, 0.0)
+        return torch.where(self.unmasked, kl, 0.0)
 
-    def token_rewards(self) -> torch.Tensor:
-        """The KL penalty plus each sample's reward at its last unmasked token. (N, T_max)"""
-        positions = torch.arange(self.valid.shape[1]).expand_as(self.unmasked)  # (N, T_max)
-        # Each sample's last unmasked position (N,), −1 when it has none (the extra column keeps T_max = 0 reducible).
-        last = torch.cat([torch.where(self.unmasked, positions, -1), torch.full((len(positions), 1), -1)], dim=1)
-        last = last.amax(dim=1)
-        at_last = positions == last.unsqueeze(1)  # (N, T_max), all False for a row without unmasked tokens
-        return self.kl_penalty + torch.where(at_last, self.rewards.unsqueeze(1), 0.0)
+    @property
+    def kl_penalty(self) -> torch.Tensor:
+        """−kl_coef·kl on the unmasked tokens, 0 elsewhere. (N, T_max)"""
+        return -self.kl_coef * self.masked_kl
 
     def broadcast(self, per_sample: torch.Tensor) -> list[torch.Tensor]:
-        """Sample i's scalar on its unmasked tokens, 0 elsewhere, plus the KL penalty."""
-        padded = torch.where(self.unmasked, per_sample.unsqueeze(1), 0.0).to(per_sample.dtype)  # (N, T_max)
-        return self.unpad(padded + self.kl_penalty)
+        """Sample i's scalar on its unmasked tokens (upstream's ``get_grpo_returns``), 0 elsewhere, plus the KL
+        penalty."""
+        returns = get_grpo_returns(per_sample, self.loss_masks)
+        return [torch.where(mask != 0, r, 0.0).to(per_sample.dtype) + penalty
+                for r, mask, penalty in zip(returns, self.loss_masks, self.unpad(self.kl_penalty), strict=True)]
 
 
 def _group_relative(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -99,21 +102,24 @@ def _group_relative(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.T
 
 
 def _gae(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """PPO: GAE over the unmasked tokens with the critic's values, the whole rollout in one padded pass."""
-    values = pad_samples([v.detach() for v in rollout.values], rollout.valid)  # (N, T_max)
-    advantages, returns = masked_gae(values, rollout.token_rewards().to(values.dtype), rollout.unmasked,
-                                     rollout.gamma, rollout.lambd)
-    return rollout.unpad(advantages), rollout.unpad(returns)
+    """PPO: GAE over the unmasked tokens with the critic's values, the reward at the last unmasked token."""
+    values = [v.detach() for v in rollout.values]
+    kl_rewards = [r.to(v.dtype) for r, v in zip(rollout.unpad(rollout.kl_penalty), values, strict=True)]
+    lengths = rollout.response_lengths
+    # total_lengths = response lengths: the prompt length only places a sample in a context-parallel split (cp_utils)
+    return get_advantages_and_returns_batch(
+        lengths, lengths, values, kl_rewards, rollout.rewards.tolist(), "thd", None, rollout.loss_masks,
+        rollout.gamma, rollout.lambd,
+    )
 
 
 def _reinforce_plus_plus(rollout: _Rollout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """REINFORCE++: G_t = r_t + γ·G_{t+1} over the unmasked tokens; A = G."""
-    returns = []
-    for mask, token_rewards in zip(rollout.loss_masks, rollout.unpad(rollout.token_rewards()), strict=True):
-        keep = mask != 0
-        sample_returns = torch.zeros(mask.shape, dtype=rollout.rewards.dtype)
-        sample_returns[keep] = get_reinforce_plus_plus_returns(token_rewards[keep], rollout.gamma)
-        returns.append(sample_returns)
+    lengths = rollout.response_lengths
+    returns = get_reinforce_plus_plus_returns(
+        rollout.rewards, rollout.unpad(rollout.masked_kl), rollout.loss_masks, lengths, lengths, rollout.kl_coef,
+        rollout.gamma,
+    )
     return returns, returns
 
 

@@ -43,7 +43,8 @@ import torch
 
 from miles.backends.training_utils.advantages import ADVANTAGE_ESTIMATORS
 from miles.backends.training_utils.loss_hub.corrections import load_tis_function
-from miles.backends.training_utils.ppo_utils import (
+from miles.backends.training_utils.parallel import get_parallel_state
+from miles.backends.training_utils.loss_hub.math_utils import (
     KL_LOSS_TYPES,
     compute_approx_kl,
     compute_ess_ratio,
@@ -296,9 +297,14 @@ def _corrections(
         )
     rollout = tokens.pad(batch["rollout_log_probs"], "rollout_log_probs").detach()
     recomputed = old if batch.get("old_log_probs") is None else tokens.pad(batch["old_log_probs"], "old_log_probs")
+    response_lengths = list(tokens.lengths)
     corrected, kept_masks, tis_metrics = cfg.tis_function(
         cfg.hook_args, pg_loss=pg_losses[tokens.valid], train_log_probs=tokens.unpad(recomputed.detach()),
         rollout_log_probs=tokens.unpad(rollout), loss_masks=tokens.unpad(tokens.mask.to(pg_losses.dtype)),
+        # upstream's keywords for the context-parallel layout (cp_utils); a batch without prompt lengths (a test
+        # of the loss alone) passes its response lengths, which the one-rank layout never reads
+        total_lengths=list(batch.get("total_lengths") or response_lengths), response_lengths=response_lengths,
+        max_seq_lens=None, parallel_state=get_parallel_state(),
     )
     metrics.update({name: tokens.metric(tokens.repad(value)) for name, value in tis_metrics.items()})
     metrics["ois"] = tokens.metric(safe_log_ratio(lp.detach() - old).exp())

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from miles.backends.training_utils.ppo_utils import LOG_RATIO_CLAMP
+from miles.backends.training_utils.loss_hub.math_utils import LOG_RATIO_CLAMP
 from miles.utils.flags import TIS_LEVELS, TIS_MODES  # noqa: F401  (the flags' names; loss.py reads them here)
 
 

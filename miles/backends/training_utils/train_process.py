@@ -37,6 +37,7 @@ from miles.backends.training_utils.train_model import TrainModel
 from miles.guard import mismatch, off_policy
 from miles.guard.divergence import check_finite_step, check_finite_weights
 from miles.guard.fingerprint import combine_digests, differing_tensors, digest_table, weights_are_finite
+from miles.backends.training_utils.parallel import process_parallel_state, set_parallel_state
 from miles.ranks.data_parallel import SingleRank, data_parallel_rank
 from miles.utils.errors import DivergenceError
 from miles.utils.types import RolloutBatch, Sample
@@ -118,8 +119,10 @@ class _TrainProcess:
                                          self.schedule.max_lr)
         self.optimizer_steps = 0  # iterations so far, over the whole run (lr_schedule's module docstring)
         self.trained_rollout: int | None = None  # the rollout whose training the live weights hold; None part-way
-        # asked once the model (and its process groups) exist
-        self.data_parallel = data_parallel_rank(args.tensor_model_parallel_size)
+        # set once the model (and its process groups) exist; the loss's hooks and cp_utils read it too
+        state = process_parallel_state(args.tensor_model_parallel_size)
+        set_parallel_state(state)
+        self.data_parallel = data_parallel_rank(state)
 
     def trained_rollout_id(self) -> int | None:
         """The rollout whose training the live weights hold (None: part-way through one), for a save on a stop."""
@@ -386,7 +389,7 @@ class PolicyTrainer(_TrainProcess):
             report["num_snapshots"] = float(len(self.snapshots))
         ref_log_probs = self._forward_log_probs(self.ref_model, samples) if self.ref_model is not None else None
         batch = {"loss_masks": loss_masks, "old_log_probs": old_log_probs, "rollout_log_probs": rollout_log_probs,
-                 "ref_log_probs": ref_log_probs,
+                 "ref_log_probs": ref_log_probs, "total_lengths": [len(sample.tokens) for sample in samples],
                  "advantages": self._advantages(samples, loss_masks, values, old_log_probs, rollout_log_probs,
                                                 ref_log_probs)}
         metrics = {f"off_policy/{name}": value for name, value in report.items()}

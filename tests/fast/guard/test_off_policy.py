@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from miles.backends.training_utils.ppo_utils import compute_ess_ratio
+from miles.backends.training_utils.loss_hub.math_utils import compute_ess_ratio
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.guard.off_policy import (
     BehaviorDriftError,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from miles.backends.training_utils.ppo_utils import pad_samples, valid_positions
+from miles.backends.training_utils.loss_hub.math_utils import pad_samples, valid_positions
 from miles.backends.training_utils.tis import TISChoice, bounded_weights, level_ratio, tis_weights
 from miles.utils.errors import MilesConfigError
 

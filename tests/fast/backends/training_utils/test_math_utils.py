@@ -7,18 +7,22 @@ import statistics
 import pytest
 import torch
 
-from miles.backends.training_utils.ppo_utils import (
+from miles.backends.training_utils.loss_hub.math_utils import (
     compute_approx_kl,
     compute_ess_ratio,
     compute_gspo_kl,
     compute_policy_loss,
     compute_value_loss,
+    chunked_gae,
     get_advantages_and_returns,
+    get_advantages_and_returns_batch,
+    get_grpo_returns,
     get_reinforce_plus_plus_returns,
     group_normalize_rewards,
     normalize_advantages,
     sum_of_sample_mean,
     sum_of_token,
+    vanilla_gae,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -199,9 +203,15 @@ def test_value_loss_matches_loop_reference(seed, shape):
 # ---------------------------------------------------------------- GAE and REINFORCE++ returns
 
 
+def _batch(values, rewards, terminal_rewards, masks, gamma, lambd, chunked, bootstrap_values=None):
+    lengths = [v.numel() for v in values]
+    return get_advantages_and_returns_batch(lengths, lengths, values, rewards, terminal_rewards, "thd", None, masks,
+                                            gamma, lambd, chunked=chunked, bootstrap_values=bootstrap_values)
+
+
 def test_gae_hand_computed_with_gamma_and_lambda():
     values, rewards, gamma, lambd = t([0.5, 0.2, 0.1]), t([0.0, 0.0, 1.0]), 0.9, 0.8
-    advantages, returns = get_advantages_and_returns(values, rewards, gamma, lambd)
+    advantages, returns = get_advantages_and_returns(3, 3, values, rewards, gamma, lambd)
     d2 = 1.0 + 0.0 - 0.1  # 0.9
     d1 = 0.0 + 0.9 * 0.1 - 0.2  # -0.11
     d0 = 0.0 + 0.9 * 0.2 - 0.5  # -0.32
@@ -216,34 +226,123 @@ def test_gae_hand_computed_with_gamma_and_lambda():
 @pytest.mark.parametrize("gamma,lambd", [(1.0, 1.0), (0.9, 0.8), (0.5, 0.0)])
 def test_gae_matches_forward_sum_reference(seed, length, gamma, lambd):
     values, rewards = random_tensor(seed, (length,)), random_tensor(seed + 7, (length,))
-    advantages, returns = get_advantages_and_returns(values, rewards, gamma, lambd)
+    advantages, returns = get_advantages_and_returns(length, length, values, rewards, gamma, lambd)
     expected_adv, expected_ret = ref_gae(values.tolist(), rewards.tolist(), gamma, lambd)
     torch.testing.assert_close(advantages, t(expected_adv))
     torch.testing.assert_close(returns, t(expected_ret))
 
 
-def test_gae_with_mask_skips_masked_positions_as_if_absent():
+@pytest.mark.parametrize("chunked", [False, True])
+def test_batch_gae_skips_masked_positions_and_rewards_the_last_kept_token(chunked):
     values = t([0.5, 9.0, 0.2, 9.0, 0.1, 9.0])
-    rewards = t([0.0, 5.0, 0.0, 5.0, 1.0, 5.0])
+    rewards = t([0.0, 5.0, 0.0, 5.0, 0.0, 5.0])
     mask = torch.tensor([1, 0, 1, 0, 1, 0])
-    advantages, returns = get_advantages_and_returns(values, rewards, 0.9, 0.8, mask)
+    (advantages,), (returns,) = _batch([values], [rewards], [1.0], [mask], 0.9, 0.8, chunked)
     compact_adv, compact_ret = ref_gae([0.5, 0.2, 0.1], [0.0, 0.0, 1.0], 0.9, 0.8)
     torch.testing.assert_close(advantages, t([compact_adv[0], 0, compact_adv[1], 0, compact_adv[2], 0]))
     torch.testing.assert_close(returns, t([compact_ret[0], 0, compact_ret[1], 0, compact_ret[2], 0]))
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_batch_gae_bootstraps_a_truncated_response_and_zeroes_a_fully_masked_one(chunked):
+    values, rewards = [t([1.0, 2.0, 9.0]), t([3.0, 4.0])], [t([0.0, 0.5, 7.0]), t([1.0, 1.0])]
+    masks = [torch.tensor([1, 1, 0]), torch.zeros(2)]
+    advantages, returns = _batch(values, rewards, [3.0, 5.0], masks, 0.9, 0.5, chunked, bootstrap_values=[4.0, 1.0])
+    d1 = 0.5 + 3.0 + 0.9 * 4.0 - 2.0  # the last kept token: its reward, the terminal reward, γ·bootstrap − V
+    d0 = 0.0 + 0.9 * 2.0 - 1.0
+    a0 = d0 + 0.9 * 0.5 * d1
+    torch.testing.assert_close(advantages[0], t([a0, d1, 0.0]))
+    torch.testing.assert_close(returns[0], t([a0 + 1.0, d1 + 2.0, 0.0]))
+    assert advantages[1].tolist() == [0.0, 0.0] and returns[1].tolist() == [0.0, 0.0]
+
+
 def test_gae_outputs_carry_no_grad():
     values = t([0.3, 0.4]).requires_grad_(True)
-    advantages, returns = get_advantages_and_returns(values, t([0.0, 1.0]), 1.0, 1.0)
+    advantages, returns = get_advantages_and_returns(2, 2, values, t([0.0, 1.0]), 1.0, 1.0)
     assert not advantages.requires_grad and not returns.requires_grad
 
 
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 64])
+@pytest.mark.parametrize("gamma,lambd", [(0.99, 0.95), (0.9, 0.0), (1.0, 1.0)])
+def test_vanilla_and_chunked_gae_equal_the_forward_sum_on_every_row(chunk_size, gamma, lambd):
+    # T = 10 is no multiple of 3, 8 or 64 and shorter than 64: the zero-padded last chunk changes nothing; λ = 0 is
+    # the w = γλ = 0 scan, whose chunk matrix is the identity
+    rewards, values = random_tensor(5, (3, 10)), random_tensor(6, (3, 10))
+    expected = [ref_gae(v, r, gamma, lambd) for v, r in zip(values.tolist(), rewards.tolist())]
+    results = [vanilla_gae(rewards, values, gamma, lambd),
+               chunked_gae(rewards, values, gamma, lambd, chunk_size=chunk_size)]
+    for advantages, returns in results:
+        torch.testing.assert_close(advantages, t([adv for adv, _ in expected]))
+        torch.testing.assert_close(returns, t([ret for _, ret in expected]))
+
+
+def test_gae_of_float32_inputs_is_the_float64_result_rounded_once():
+    # the recursion runs in float64 and rounds once, so a float32 output is within one float32 ulp (2^-23
+    # relative) of the float64 result on the same inputs, over a row long enough for float32 rounding to add up
+    rewards, values = random_tensor(7, (4, 3000)).float(), random_tensor(8, (4, 3000)).float()
+    exact_adv, exact_ret = vanilla_gae(rewards.double(), values.double(), 0.99, 0.95)
+    for advantages, returns in (vanilla_gae(rewards, values, 0.99, 0.95), chunked_gae(rewards, values, 0.99, 0.95)):
+        assert advantages.dtype == returns.dtype == torch.float32
+        torch.testing.assert_close(advantages.double(), exact_adv, rtol=2**-23, atol=1e-12)
+        torch.testing.assert_close(returns.double(), exact_ret, rtol=2**-23, atol=1e-12)
+
+
+def test_policy_loss_and_kl_are_callable_eagerly_through_wrapped_as_upstreams_tests_call_them():
+    # upstream compiles both with torch.compile and its tests call .__wrapped__; here both forms are the same function
+    pg, clipfrac = compute_policy_loss.__wrapped__(t([-math.log(1.5)]), t([2.0]), eps_clip=0.2, eps_clip_high=0.2)
+    torch.testing.assert_close(pg, t([-1.2 * 2.0]))  # ratio 1.5 clipped to 1.2
+    torch.testing.assert_close(clipfrac, t([1.0]))
+    kl = compute_approx_kl.__wrapped__(t([0.5]), t([0.0]), kl_loss_type="k2")
+    torch.testing.assert_close(kl, t([0.125]))
+    assert compute_policy_loss.__wrapped__.__name__ == "compute_policy_loss"
+
+
+def test_grpo_returns_broadcast_each_reward_to_its_tokens():
+    returns = get_grpo_returns(t([0.5, -1.0]), [t([0.0, 0.0]), t([0.3, 0.1, 0.2])])
+    assert [r.tolist() for r in returns] == [[0.5, 0.5], [-1.0, -1.0, -1.0]]
+
+
+def _reinforce_plus_plus(rewards, kl, masks, kl_coef, gamma):
+    lengths = [k.numel() for k in kl]
+    return get_reinforce_plus_plus_returns(rewards, kl, masks, lengths, lengths, kl_coef, gamma)
+
+
 def test_reinforce_plus_plus_returns_hand_computed_and_loop():
-    returns = get_reinforce_plus_plus_returns(t([0.1, -0.2, 1.0]), gamma=0.5)
+    # kl_coef 1: token rewards 0.1, −0.2, 0 and the reward 1.0 on the last token
+    (returns,) = _reinforce_plus_plus(t([1.0]), [t([-0.1, 0.2, 0.0])], [torch.ones(3)], 1.0, 0.5)
     torch.testing.assert_close(returns, t([0.1 + 0.5 * (-0.2 + 0.5), -0.2 + 0.5, 1.0]))
-    rewards = random_tensor(4, (11,))
-    expected = [sum(0.9**l * rewards[k + l].item() for l in range(11 - k)) for k in range(11)]
-    torch.testing.assert_close(get_reinforce_plus_plus_returns(rewards, 0.9), t(expected))
+    kl = random_tensor(4, (11,))
+    token_rewards = [-0.3 * k for k in kl.tolist()]
+    token_rewards[-1] += 2.0
+    expected = [sum(0.9**l * token_rewards[k + l] for l in range(11 - k)) for k in range(11)]
+    (returns,) = _reinforce_plus_plus(t([2.0]), [kl], [torch.ones(11)], 0.3, 0.9)
+    torch.testing.assert_close(returns, t(expected))
+
+
+def _upstream_reinforce_plus_plus(reward, kl, mask, kl_coef, gamma):
+    """Upstream's rule, written out: every token's −kl_coef·kl, the reward on the last trainable token, and the
+    discounting across every token, masked ones included."""
+    token_rewards = [-kl_coef * k for k in kl]
+    token_rewards[max(i for i, m in enumerate(mask) if m)] += reward
+    returns, running = [0.0] * len(kl), 0.0
+    for i in reversed(range(len(kl))):
+        running = token_rewards[i] + gamma * running
+        returns[i] = running
+    return returns
+
+
+def test_reinforce_plus_plus_departure_masked_tokens_are_absent_not_discounted_across():
+    # departures.toml [math."get_reinforce_plus_plus_returns"]: miles discounts over the trainable tokens only and
+    # writes 0 at masked ones; upstream discounts across the masked tokens and shapes with their KL too
+    kl, mask = [0.2, 0.4, -0.6, 0.1], [1, 0, 1, 0]
+    (returns,) = _reinforce_plus_plus(t([1.0]), [t(kl)], [torch.tensor(mask)], 0.5, 0.9)
+    kept_last = 0.3 + 1.0  # −0.5·(−0.6) plus the reward
+    torch.testing.assert_close(returns, t([-0.1 + 0.9 * kept_last, 0.0, kept_last, 0.0]))
+    upstream = _upstream_reinforce_plus_plus(1.0, kl, mask, 0.5, 0.9)
+    torch.testing.assert_close(t(upstream), t([0.73655, 0.9295, 1.255, -0.05]))
+    assert abs(upstream[0] - returns[0].item()) > 0.3  # the two rules really differ on this sample
+    (fully_masked,) = _reinforce_plus_plus(t([1.0]), [t(kl)], [torch.zeros(4)], 0.5, 0.9)
+    assert fully_masked.tolist() == [0.0] * 4  # upstream asserts on a fully masked sample
 
 
 # ---------------------------------------------------------------- group normalization and whitening

@@ -1,21 +1,25 @@
-"""Pure tensor math of the policy, value and advantage losses (DESIGN.md §3, §6).
+"""Pure tensor math of the policy, value and advantage losses (DESIGN.md §3, §6), at upstream's path and names.
 
-Tensors and scalars in, tensors out: no ``args``, no global state. Per-token functions take any shape and treat
-the last dimension as the token dimension, so they work on one sample's response (``(T,)``) and on a padded
-micro-batch (``(B, T)``, padding masked out) alike. Masks are 0/1 (any dtype); a position with mask 0 is
-excluded, and its value, even NaN or ±inf, never reaches a result.
+Tensors and scalars in, tensors out: no ``args``, no global state (the GAE reads the context-parallel layout through
+``cp_utils``, as upstream's does). Per-token functions take any shape and treat the last dimension as the token
+dimension, so they work on one sample's response (``(T,)``) and on a padded micro-batch (``(B, T)``, padding masked
+out) alike. Masks are 0/1 (any dtype); a position with mask 0 is excluded, and its value, even NaN or ±inf, never
+reaches a result.
 
 Sources: PPO (https://arxiv.org/abs/1707.06347), dual clip (https://arxiv.org/abs/1912.09729), KL estimators
 (http://joschu.net/blog/kl-approx.html), GAE (https://arxiv.org/abs/1506.02438), REINFORCE++
-(https://arxiv.org/abs/2501.03262), GSPO (https://arxiv.org/abs/2507.18071), upstream miles ``ppo_utils.py``.
+(https://arxiv.org/abs/2501.03262), GSPO (https://arxiv.org/abs/2507.18071), upstream miles
+``miles/backends/training_utils/loss_hub/math_utils.py``.
 
-Departures from upstream miles semantics:
-- ``compute_policy_loss`` maps a NaN log-ratio to 0 and clamps it to ±20 before the exponential, so a
-  non-finite log-ratio cannot poison the loss (upstream sanitizes in the caller, mapping ±inf to 0 as well).
-- ``compute_approx_kl`` ``low_var_kl`` clamps the log-ratio to ±20 (verl's form) and maps NaN to 0 before
-  the result clamp; k1, k2 and k3 are upstream's unclamped estimators.
-- ``get_advantages_and_returns`` takes an optional mask and runs GAE over the mask = 1 positions only, as if
-  the others were absent (upstream runs over every response token); masked positions get 0.
+Upstream wraps ``compute_policy_loss`` and ``compute_approx_kl`` in ``torch.compile`` and its tests call them
+eagerly through ``.__wrapped__``; miles runs them eagerly (``_eager`` keeps ``.__wrapped__``, so both calls work).
+
+Departures from upstream miles semantics (rows in ``miles/conformance/departures.toml``):
+- the GAE (``vanilla_gae``, ``chunked_gae``) runs in float64 and rounds once to the input's dtype (upstream runs in
+  the input's dtype); ``get_advantages_and_returns_batch`` also takes ``bootstrap_values``.
+- ``get_reinforce_plus_plus_returns`` discounts over the trainable tokens only, as if the masked ones were absent,
+  like upstream's GAE (upstream discounts across masked tokens), and gives zeros to a fully masked sample
+  (upstream asserts).
 - ``normalize_advantages`` writes 0 at masked positions (upstream whitens them too; they never reach a loss).
 - ``compute_ess_ratio`` shifts log-weights by their per-sample maximum before the exponential (the ratio is
   scale invariant), so log-ratios of ±50 or ±inf give a finite value.
@@ -25,12 +29,27 @@ Departures from upstream miles semantics:
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from miles.backends.training_utils.cp_utils import all_gather_with_cp, slice_log_prob_with_cp
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ≈ 4.9e8: far past any clip range, far below float32 overflow (exp(88))
 LOW_VAR_KL_CLAMP = 10.0
 WHITEN_EPS = 1e-8
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+def _eager(function):
+    """``function`` as is, with ``.__wrapped__`` naming it: where upstream has ``torch.compile`` (whose result keeps
+    the eager function as ``.__wrapped__``), miles calls eagerly, so upstream's callers of either form work."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    return call
 
 
 def safe_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -41,6 +60,7 @@ def safe_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(log_ratio, nan=0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+@_eager
 def compute_policy_loss(
     ppo_kl: torch.Tensor,
     advantages: torch.Tensor,
@@ -74,6 +94,7 @@ def compute_policy_loss(
     return pg_losses, clipfrac
 
 
+@_eager
 def compute_approx_kl(
     log_probs: torch.Tensor,
     log_probs_base: torch.Tensor,
@@ -121,66 +142,177 @@ def compute_value_loss(
     return losses, clipfrac
 
 
-def get_advantages_and_returns(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
+def _check_rows(rewards: torch.Tensor, values: torch.Tensor) -> None:
+    if rewards.dim() != 2 or rewards.shape != values.shape:
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} and values {tuple(values.shape)} must be the same (B, T) shape: one row "
+            "per sample, one column per position."
+        )
+
+
+def _deltas(rewards: torch.Tensor, values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """δ_t = r_t + γ·V_{t+1} − V_t per row, V_T = 0, in float64."""
+    values64 = values.detach().double()
+    next_values = torch.nn.functional.pad(values64[:, 1:], (0, 1))
+    return rewards.detach().double() + gamma * next_values - values64
+
+
+def vanilla_gae(
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lambd: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over every position of each row of ``(B, T)`` rewards and values: one reverse pass over T.
+
+        δ_t = r_t + γ·V_{t+1} − V_t,   V_T = 0 (no bootstrap past the row)
+        A_t = δ_t + γλ·A_{t+1},        A_T = 0
+        R_t = A_t + V_t
+    The recursion runs in float64 (its rounding stays far below float32's) and the results are rounded once to the
+    rewards' dtype. Returns ``(advantages, returns)``, ``(B, T)`` each, without grad.
+    """
+    _check_rows(rewards, values)
+    deltas = _deltas(rewards, values, gamma)
+    advantages = torch.empty_like(deltas)
+    carry = deltas.new_zeros(deltas.shape[0])
+    for t in reversed(range(deltas.shape[1])):
+        carry = deltas[:, t] + gamma * lambd * carry
+        advantages[:, t] = carry
+    returns = advantages + values.detach().double()
+    return advantages.to(rewards.dtype), returns.to(rewards.dtype)
+
+
+def chunked_gae(
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lambd: float, chunk_size: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``vanilla_gae``'s result in T / chunk_size sequential steps instead of T (upstream's chunked scan).
+
+    Read backwards, GAE is the scan S_k = Δ_k + w·S_{k−1} of the reversed deltas Δ, w = γλ. Cut Δ into chunks of
+    C = chunk_size positions (the last one zero-padded, after the real positions, so it changes none of them):
+        inside a chunk, from a zero state:   L = Δ_chunk @ M,   M[i, j] = w^(j−i) for j ≥ i, 0 below;
+        across chunks, the end states:       s_c = L_c[C−1] + w^C·s_{c−1},   s_{−1} = 0;
+        every position k of chunk c:         S = L_c[k] + w^(k+1)·s_{c−1}.
+    float64 throughout, like ``vanilla_gae``, so the two agree to float64 rounding before the final cast.
+    """
+    _check_rows(rewards, values)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size is {chunk_size}, but a chunk needs at least one position.")
+    batch, length = rewards.shape
+    w = gamma * lambd
+    reversed_deltas = torch.flip(_deltas(rewards, values, gamma), dims=[1])
+    num_chunks = -(-length // chunk_size)
+    chunks = torch.nn.functional.pad(reversed_deltas, (0, num_chunks * chunk_size - length))
+    chunks = chunks.view(batch, num_chunks, chunk_size)
+    offsets = torch.arange(chunk_size, dtype=torch.float64)
+    exponents = offsets.unsqueeze(0) - offsets.unsqueeze(1)  # (C, C): j − i
+    scan = torch.where(exponents >= 0, torch.pow(w, exponents.clamp_min(0)), 0.0)  # w^0 = 1, also for w = 0
+    local = chunks @ scan  # (B, n, C)
+    ends = local[:, :, -1]
+    states = local.new_zeros(batch, num_chunks)  # states[:, c] = s_{c−1}, the state entering chunk c
+    for c in range(1, num_chunks):
+        states[:, c] = ends[:, c - 1] + w**chunk_size * states[:, c - 1]
+    scanned = local + states.unsqueeze(-1) * torch.pow(w, offsets + 1)
+    advantages = torch.flip(scanned.reshape(batch, -1)[:, :length], dims=[1])
+    returns = advantages + values.detach().double()
+    return advantages.to(rewards.dtype), returns.to(rewards.dtype)
+
+
+def get_advantages_and_returns_batch(
+    total_lengths: list[int],
+    response_lengths: list[int],
+    values_list: list[torch.Tensor],
+    rewards_list: list[torch.Tensor],
+    terminal_rewards: list[float],
+    qkv_format: str,
+    max_seq_lens: list[int] | None,
+    loss_masks: list[torch.Tensor],
     gamma: float,
     lambd: float,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over one sample's response tokens (1-D, ``(T,)``).
+    chunked: bool = True,
+    bootstrap_values: list[float] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GAE for a batch of samples over their trainable (loss mask ≠ 0) tokens only (upstream's semantics).
 
-    Value alignment: ``values[t]`` is the critic's value at the position that predicts response token t (the
-    position whose logits give the token's log-prob), and ``rewards[t]`` is the reward received for token t.
-    Over the kept positions t_1 < … < t_n (all of them, or those with mask = 1, as if the others were absent):
-        δ_k = r_k + γ·V_{k+1} − V_k,   V_{n+1} = 0 (also for a truncated response)
-        A_k = δ_k + γλ·A_{k+1},        A_{n+1} = 0
-        R_k = A_k + V_k
-    Masked positions get A = R = 0. Returns ``(advantages, returns)``, ``(T,)`` each, without grad.
+    Sample i has token rewards ``rewards_list[i]`` and critic values ``values_list[i]`` over its
+    ``response_lengths[i]`` response tokens (``total_lengths[i]`` = prompt + response; ``qkv_format`` and
+    ``max_seq_lens`` place the tensors in the context-parallel layout, ``cp_utils``). Its trainable positions
+    t_1 < … < t_K form the MDP, as if the masked ones were absent:
+        r'_k = r_{t_k} (+ terminal_rewards[i] + γ·b_i at k = K),   b_i = bootstrap_values[i] (default 0: a truncated
+        response bootstraps like a finished one)
+        GAE of ``vanilla_gae`` (``chunked_gae`` when ``chunked``) over (r', V_{t_1..t_K})
+    Masked positions get A = R = 0; a fully masked sample gets zeros (its terminal reward is dropped).
+    Returns ``(advantages_list, returns_list)``, one 1-D tensor per sample in the values' dtype, without grad.
     """
-    if values.dim() != 1 or values.shape != rewards.shape:
-        raise ValueError(
-            f"values {tuple(values.shape)} and rewards {tuple(rewards.shape)} must be the same 1-D shape: one "
-            "entry per response token of one sample."
-        )
-    keep = torch.ones_like(values, dtype=torch.bool) if mask is None else mask != 0
-    advantages, returns = masked_gae(values.unsqueeze(0), rewards.unsqueeze(0), keep.unsqueeze(0), gamma, lambd)
+    count = len(response_lengths)
+    inputs = (total_lengths, values_list, rewards_list, terminal_rewards, loss_masks)
+    if any(len(each) != count for each in inputs) or (bootstrap_values is not None and len(bootstrap_values) != count):
+        raise ValueError(f"every per-sample list must have {count} entries (one per response length).")
+    if count == 0:
+        return [], []
+    max_lens = max_seq_lens if max_seq_lens is not None else [None] * count
+    with torch.no_grad():
+        values = [all_gather_with_cp(v, *lens, qkv_format, m)
+                  for v, *lens, m in zip(values_list, total_lengths, response_lengths, max_lens, strict=True)]
+        rewards = [all_gather_with_cp(r, *lens, qkv_format, m)
+                   for r, *lens, m in zip(rewards_list, total_lengths, response_lengths, max_lens, strict=True)]
+        keep = [mask[:length] != 0 for mask, length in zip(loss_masks, response_lengths, strict=True)]
+        kept_lengths = [int(k.sum()) for k in keep]
+        packed = valid_positions(kept_lengths)  # (B, K_max): True at each sample's first K_i packed columns
+        dtype = values_list[0].dtype
+        packed_values = pad_samples([v.detach().double()[k] for v, k in zip(values, keep, strict=True)], packed)
+        packed_rewards = pad_samples([r.detach().double()[k] for r, k in zip(rewards, keep, strict=True)], packed)
+        bootstrap = [0.0] * count if bootstrap_values is None else [float(b) for b in bootstrap_values]
+        for i, length in enumerate(kept_lengths):
+            if length:
+                packed_rewards[i, length - 1] += float(terminal_rewards[i]) + gamma * bootstrap[i]
+        gae = chunked_gae if chunked else vanilla_gae
+        packed_advantages, packed_returns = gae(packed_rewards, packed_values, gamma, lambd)
+        advantages_list, returns_list = [], []
+        for packed_result, out in ((packed_advantages, advantages_list), (packed_returns, returns_list)):
+            pieces = packed_result[packed].split(kept_lengths)
+            for i, (piece, kept) in enumerate(zip(pieces, keep, strict=True)):
+                full = torch.zeros(response_lengths[i], dtype=dtype, device=values_list[i].device)
+                full[kept] = piece.to(dtype)
+                out.append(slice_log_prob_with_cp(full, total_lengths[i], response_lengths[i], qkv_format,
+                                                  max_lens[i]))
+    return advantages_list, returns_list
+
+
+def get_advantages_and_returns(
+    total_len: int, response_len: int, values: torch.Tensor, rewards: torch.Tensor, gamma: float, lambd: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over every token of one sample's response (upstream's per-sample form): ``values``/``rewards`` ``(T,)``,
+    ``get_advantages_and_returns_batch`` with every token trainable and no terminal reward. Returns ``(A, R)``."""
+    advantages, returns = get_advantages_and_returns_batch(
+        [total_len], [response_len], [values], [rewards], [0.0], "thd", None, [torch.ones(response_len)], gamma,
+        lambd, chunked=False,
+    )
     return advantages[0], returns[0]
 
 
-def masked_gae(
-    values: torch.Tensor, rewards: torch.Tensor, keep: torch.Tensor, gamma: float, lambd: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``get_advantages_and_returns`` for a whole padded rollout: ``values``, ``rewards``, ``keep`` are ``(B, T)``;
-    each row is one sample, and its positions with keep = False (masked tokens, padding) are skipped as if absent.
+def get_grpo_returns(rewards: torch.Tensor, kl: list[torch.Tensor]) -> list[torch.Tensor]:
+    """GRPO's returns: sample i's (already group-normalized) reward on every token, shaped like ``kl[i]``."""
+    return [torch.ones_like(k) * rewards[i] for i, k in enumerate(kl)]
 
-    One reverse pass over T, vectorized over the rows, in float64 (the recursion's rounding stays far below
-    float32's): at a kept position t, δ_t = r_t + γ·V_next − V_t and A_t = δ_t + γλ·A_next, then (V_next, A_next)
-    = (V_t, A_t); at a skipped one, A_t = 0 and (V_next, A_next) pass through. Returns ``(advantages, returns)``,
-    ``(B, T)`` in the values' dtype, 0 where keep is False, without grad.
+
+def get_reinforce_plus_plus_returns(
+    rewards: torch.Tensor,
+    kl: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+    response_lengths: list[int],
+    total_lengths: list[int],
+    kl_coef: float,
+    gamma: float,
+) -> list[torch.Tensor]:
+    """REINFORCE++ discounted returns (https://arxiv.org/abs/2501.03262) over each sample's trainable tokens.
+
+        r_t = −kl_coef·kl_t (+ rewards[i] at the last trainable token),   G_t = r_t + γ·G_{t+1},   G after the last = 0
+    This is GAE with V = 0 and λ = 1 (δ_t = r_t), so it is ``get_advantages_and_returns_batch``'s recursion; masked
+    tokens are skipped as if absent and get 0, a fully masked sample gets zeros. Returns one ``(T_i,)`` per sample.
     """
-    kept_values, kept_rewards = values.detach().double(), rewards.detach().double()
-    advantages = torch.zeros_like(kept_values)
-    next_value = next_advantage = torch.zeros(values.shape[0], dtype=torch.float64, device=values.device)
-    for t in reversed(range(values.shape[1])):
-        advantage = kept_rewards[:, t] + gamma * next_value - kept_values[:, t] + gamma * lambd * next_advantage
-        kept = keep[:, t]
-        advantages[:, t] = torch.where(kept, advantage, 0.0)
-        next_advantage = torch.where(kept, advantage, next_advantage)
-        next_value = torch.where(kept, kept_values[:, t], next_value)
-    returns = torch.where(keep, advantages + kept_values, 0.0)
-    return advantages.to(values.dtype), returns.to(values.dtype)
-
-
-def get_reinforce_plus_plus_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Discounted returns over one response (1-D, ``(T,)``): G_t = r_t + γ·G_{t+1}, G_T = 0. No grad."""
-    token_rewards = rewards.detach().tolist()
-    returns = [0.0] * len(token_rewards)
-    running = 0.0
-    for t in reversed(range(len(token_rewards))):
-        running = token_rewards[t] + gamma * running
-        returns[t] = running
-    return torch.tensor(returns, dtype=rewards.dtype, device=rewards.device)
+    token_rewards = [-kl_coef * k.detach() for k in kl]
+    returns, _ = get_advantages_and_returns_batch(
+        total_lengths, response_lengths, [torch.zeros_like(r) for r in token_rewards], token_rewards,
+        [float(r) for r in rewards], "thd", None, loss_masks, gamma, 1.0, chunked=False,
+    )
+    return returns
 
 
 def group_normalize_rewards(
