@@ -39,6 +39,14 @@ class Addition:
     aliases: tuple = field(default=())
 
 
+@dataclass(frozen=True)
+class MathDeparture:
+    miles: str
+    upstream: str
+    why: str
+    test: str  # the test that shows both behaviors
+
+
 @functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
 def _load() -> dict:
     with DEPARTURES_FILE.open("rb") as file:
@@ -54,6 +62,11 @@ def load_departures() -> dict[str, Departure]:
 def load_additions() -> dict[str, Addition]:
     """Flag only miles has -> what it is for."""
     return {flag: Addition(entry["why"], tuple(entry.get("aliases", ()))) for flag, entry in _load()["added"].items()}
+
+
+def load_math_departures() -> dict[str, MathDeparture]:
+    """Function of upstream's math (at upstream's module path) -> how miles' departs, with the test of both."""
+    return {name: MathDeparture(**entry) for name, entry in _load().get("math", {}).items()}
 
 
 def added_option_strings(additions: dict[str, Addition]) -> set[str]:
@@ -83,6 +96,11 @@ def markdown() -> str:
                     f"{departure.shown('upstream')} | {departure.why} |")
     rows += ["", "Flags miles adds:", ""]
     rows += [f"- `{_added_name(flag, addition)}`: {addition.why}" for flag, addition in load_additions().items()]
+    rows += ["", "Math that departs from upstream's on purpose (functions of "
+             "`miles/backends/training_utils/loss_hub/math_utils.py`, upstream's module path):", "",
+             "| function | miles | upstream | why | both behaviors in |", "|---|---|---|---|---|"]
+    rows += [f"| `{name}` | {d.miles} | {d.upstream} | {d.why} | `{d.test}` |"
+             for name, d in load_math_departures().items()]
     return "\n".join(rows)
 
 

@@ -1,4 +1,4 @@
-"""Every --tis-mode x --tis-level, the rejection level, the veto, upstream's hook and OPSM, end to end in async PPO.
+"""Every --tis-mode x --tis-level, the rejection level, the veto, upstream's hooks and OPSM, end to end in async PPO.
 
 One Ray session for the module (the conftest's), 3 rollouts of 4 prompts x 4 samples each, 2 optimizer steps per
 rollout; tight bounds and lr 1e-3 so that the stale data crosses them and every choice really acts.
@@ -6,6 +6,7 @@ rollout; tight bounds and lr 1e-3 so that the stale data crosses them and every 
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,18 @@ def test_upstream_builtin_hooks_train_async_ppo(make_args, builtin):
                         f"miles.backends.training_utils.loss_hub.corrections.{builtin}", *TIGHT)
     assert most(records, "train/tis_clipfrac") > 0  # tokens outside the band got weight 0 (icepop) or the bound
     assert "off_policy/tis_masked_token_fraction" not in records[-1]  # a hook: no built-in fractions reported
+
+
+@pytest.mark.parametrize("backend", ["megatron", "torch"])
+def test_an_upstream_style_hook_with_its_config_file_trains_on_both_backends(make_args, backend):
+    # examples/tis_hook/cp_tis.py: upstream's hook keywords, cp_utils, args.qkv_format, settings from the YAML file
+    config = Path(__file__).resolve().parents[2] / "examples" / "tis_hook" / "cp_tis.yaml"
+    records = run_async(make_args, "--train-backend", backend, "--use-tis", "--custom-config-path", str(config),
+                        "--custom-tis-function-path", "examples.tis_hook.cp_tis.compute_tis_weights_with_cp")
+    assert {r["off_policy/correction"] for r in records} == {"tis"}
+    # the hook's own metrics reached the log: it weighted every trained batch (mean 1 per micro-batch by token,
+    # tis_batch_normalize from the file; this metric averages per sample, so it is only near 1)
+    assert all(0.5 < r["train/cp_tis_weight"] < 2.0 and "train/cp_tis_truncated" in r for r in records)
 
 
 def test_opsm_masks_under_keep_old_actor(make_args):

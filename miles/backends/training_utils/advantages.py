@@ -13,9 +13,8 @@ With ``normalize``, the advantages (not the returns) are whitened over every unm
 Departures from upstream miles semantics:
 - Every estimator writes 0 at loss-mask-0 positions (upstream broadcasts the reward to them; they never reach
   a loss), and the KL shaping acts on unmasked tokens only.
-- PPO places the reward at the last *unmasked* token (DESIGN.md §6; upstream at the last token), and GAE and
-  the REINFORCE++ discounting run over the unmasked tokens as if the masked ones were absent (upstream
-  discounts across them).
+- REINFORCE++ discounts over the unmasked tokens as if the masked ones were absent (upstream discounts across
+  them; PPO's GAE skips them in both, and puts the reward at the last unmasked token in both).
 - A REINFORCE++ sample with no unmasked token gets zeros (upstream asserts).
 - ``kl_coef`` ≠ 0 with grpo or gspo is an error (upstream ignores it silently); ``kl_coef`` ≠ 0 without ``kl``
   is an error too.

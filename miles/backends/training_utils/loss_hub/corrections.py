@@ -4,6 +4,9 @@ A TIS function has upstream's signature::
 
     fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs) -> (pg_loss, loss_masks, metrics)
 
+``kwargs`` holds upstream's other keywords: ``total_lengths``, ``response_lengths`` (one int per sample),
+``max_seq_lens`` (None) and ``parallel_state`` (the process's layout, ``parallel.get_parallel_state()``).
+
 ``pg_loss`` is the per-token policy loss of the micro-batch's response tokens concatenated, ``(Σ T_i,)``;
 ``train_log_probs`` (the recomputed π_old), ``rollout_log_probs`` and ``loss_masks`` are lists of one 1-D tensor
 per sample. It returns the re-weighted ``pg_loss`` (same shape), the loss masks the reduction uses (a token set to

@@ -14,17 +14,16 @@ Sources: PPO (https://arxiv.org/abs/1707.06347), dual clip (https://arxiv.org/ab
 Upstream wraps ``compute_policy_loss`` and ``compute_approx_kl`` in ``torch.compile`` and its tests call them
 eagerly through ``.__wrapped__``; miles runs them eagerly (``_eager`` keeps ``.__wrapped__``, so both calls work).
 
-Departures from upstream miles semantics (rows in ``miles/conformance/departures.toml``):
-- the GAE (``vanilla_gae``, ``chunked_gae``) runs in float64 and rounds once to the input's dtype (upstream runs in
-  the input's dtype); ``get_advantages_and_returns_batch`` also takes ``bootstrap_values``.
-- ``get_reinforce_plus_plus_returns`` discounts over the trainable tokens only, as if the masked ones were absent,
-  like upstream's GAE (upstream discounts across masked tokens), and gives zeros to a fully masked sample
-  (upstream asserts).
+Departures from upstream's results (rows in ``miles/conformance/departures.toml``, each with a test of both):
+- ``get_reinforce_plus_plus_returns`` discounts over the trainable tokens only, as if the masked ones were absent
+  (as upstream's GAE does; upstream's REINFORCE++ discounts across masked tokens), and gives zeros to a fully
+  masked sample (upstream asserts).
 - ``normalize_advantages`` writes 0 at masked positions (upstream whitens them too; they never reach a loss).
 - ``compute_ess_ratio`` shifts log-weights by their per-sample maximum before the exponential (the ratio is
-  scale invariant), so log-ratios of ±50 or ±inf give a finite value.
-- ``sum_of_sample_mean`` / ``sum_of_token`` take an optional ``divisor`` (default: the mean over samples or
-  tokens); the loss glue passes the optimizer step's divisor (upstream divides by the global batch later).
+  scale invariant) where upstream clamps them to ±20.
+Differences that change no result beyond float32 rounding: the GAE (``vanilla_gae``, ``chunked_gae``) runs in
+float64 and rounds once to the input's dtype; ``sum_of_sample_mean`` / ``sum_of_token`` take an optional
+``divisor`` (the loss glue passes the optimizer step's; upstream divides by the global batch later).
 """
 
 from __future__ import annotations

@@ -389,6 +389,16 @@ def test_normalize_advantages_masked_whitening():
     torch.testing.assert_close(whitened, t([expected[0], 0.0, expected[1], expected[2], 0.0, expected[3]]))
 
 
+def test_normalize_advantages_departure_masked_positions_get_zero_not_the_whitened_value():
+    # departures.toml [math."normalize_advantages"]: the statistics are the masked ones in both; upstream then
+    # whitens every position, miles writes 0 at the masked ones (they never reach a loss either way)
+    advantages, mask = t([1.0, 100.0, 3.0]), torch.tensor([1, 0, 1])
+    scale = 1.0 / math.sqrt(2.0 + 1e-8)  # kept 1 and 3: mean 2, Bessel variance 2
+    upstream = [(a - 2.0) * scale for a in advantages.tolist()]
+    torch.testing.assert_close(normalize_advantages(advantages, mask), t([upstream[0], 0.0, upstream[2]]))
+    assert upstream[1] == pytest.approx(98.0 * scale)
+
+
 def test_normalize_advantages_edge_cases():
     torch.testing.assert_close(normalize_advantages(t([5.0, 7.0]), torch.tensor([1, 0])), t([0.0, 0.0]))
     with pytest.raises(ValueError, match="no unmasked token"):
@@ -427,6 +437,18 @@ def test_ess_ratio_stays_finite_for_extreme_log_ratios():
                             torch.ones(3, 3))
     assert torch.isfinite(ess).all()
     torch.testing.assert_close(ess, t([1 / 3, 1 / 3, 1.0], torch.float32), atol=1e-6, rtol=1e-5)
+
+
+def test_ess_ratio_departure_log_weights_are_shifted_not_clamped():
+    # departures.toml [math."compute_ess_ratio"]: upstream clamps each log-weight to ±20 before the exponential, so
+    # weights beyond e^20 all look equal; miles shifts by the maximum (ESS is scale invariant) and keeps them apart
+    log_ratio = t([[25.0, 30.0]])
+    upstream_weights = [math.exp(min(x, 20.0)) for x in (25.0, 30.0)]
+    upstream = sum(upstream_weights) ** 2 / (2 * sum(w * w for w in upstream_weights))
+    weights = [math.exp(-5.0), 1.0]
+    miles = sum(weights) ** 2 / (2 * sum(w * w for w in weights))
+    assert upstream == pytest.approx(1.0) and miles == pytest.approx(0.50674, abs=1e-5)
+    torch.testing.assert_close(compute_ess_ratio(log_ratio, torch.ones(1, 2)), t([miles]))
 
 
 def test_sum_of_sample_mean_hand_computed_with_a_fully_masked_sample():
