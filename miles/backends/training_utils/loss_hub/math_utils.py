@@ -372,6 +372,30 @@ def compute_gspo_kl(ppo_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return sequence_kl.unsqueeze(-1).expand_as(ppo_kl)
 
 
+def compute_opsm_mask(
+    args,
+    full_log_probs: list[torch.Tensor],
+    full_old_log_probs: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPSM with upstream's signature (``args.opsm_delta`` is δ): per-sample lists in, the ``tis.opsm_keep`` rule.
+
+    Returns ``(opsm_mask, opsm_clipfrac)``: the per-token keep mask of all samples concatenated, 0.0 where
+    A_t < 0 and the sample's κ = Σ m·(old − lp) / max(Σ m, 1) exceeds δ, else 1.0; and Σ_i (masked tokens of i) /
+    max(Σ m_i, 1), upstream's count of masked sequences (each sample adds its fraction of masked tokens)."""
+    from miles.backends.training_utils.tis import opsm_keep  # tis.py imports this module's constants
+
+    valid = valid_positions([lp.numel() for lp in full_log_probs])
+    masks = pad_samples([m.detach().to(full_log_probs[0].dtype) for m in loss_masks], valid)
+    keep = opsm_keep(pad_samples([o.detach() for o in full_old_log_probs], valid),
+                     pad_samples([lp.detach() for lp in full_log_probs], valid),
+                     pad_samples([a.detach() for a in advantages], valid), masks, args.opsm_delta)
+    dropped = (~keep & valid).to(masks.dtype)
+    clipfrac = (dropped.sum(dim=-1) / masks.sum(dim=-1).clamp_min(1.0)).sum()
+    return keep[valid].to(masks.dtype), clipfrac
+
+
 def compute_ess_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Effective-sample-size ratio of per-token importance weights, per sequence (last dimension).
 

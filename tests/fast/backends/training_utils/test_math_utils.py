@@ -3,6 +3,7 @@
 import math
 import random
 import statistics
+import types
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from miles.backends.training_utils.loss_hub.math_utils import (
     compute_approx_kl,
     compute_ess_ratio,
     compute_gspo_kl,
+    compute_opsm_mask,
     compute_policy_loss,
     compute_value_loss,
     chunked_gae,
@@ -449,6 +451,18 @@ def test_ess_ratio_departure_log_weights_are_shifted_not_clamped():
     miles = sum(weights) ** 2 / (2 * sum(w * w for w in weights))
     assert upstream == pytest.approx(1.0) and miles == pytest.approx(0.50674, abs=1e-5)
     torch.testing.assert_close(compute_ess_ratio(log_ratio, torch.ones(1, 2)), t([miles]))
+
+
+def test_opsm_mask_with_upstreams_signature_hand_computed():
+    # sample 0: κ = (0.02 + 0 + 0.01) / 3 = 0.01 > δ, A < 0 on its first two tokens: they are dropped;
+    # sample 1: κ = 0 (old = current): nothing dropped, whatever its advantages
+    args = types.SimpleNamespace(opsm_delta=1e-4)
+    mask, clipfrac = compute_opsm_mask(
+        args, [t([-1.02, -1.0, -1.01]), t([-0.5, -0.5])], [t([-1.0, -1.0, -1.0]), t([-0.5, -0.5])],
+        [t([-1.0, -1.0, 2.0]), t([-1.0, -1.0])], [torch.ones(3), torch.ones(2)],
+    )
+    assert mask.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert clipfrac.item() == pytest.approx(2 / 3)
 
 
 def test_sum_of_sample_mean_hand_computed_with_a_fully_masked_sample():
