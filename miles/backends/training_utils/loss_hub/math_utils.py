@@ -302,7 +302,8 @@ def get_reinforce_plus_plus_returns(
 ) -> list[torch.Tensor]:
     """REINFORCE++ discounted returns (https://arxiv.org/abs/2501.03262) over each sample's trainable tokens.
 
-        r_t = −kl_coef·kl_t (+ rewards[i] at the last trainable token),   G_t = r_t + γ·G_{t+1},   G after the last = 0
+        r_t = −kl_coef·kl_t (+ rewards[i] at the last trainable token)
+        G_t = r_t + γ·G_{t+1},   G after the last token = 0
     This is GAE with V = 0 and λ = 1 (δ_t = r_t), so it is ``get_advantages_and_returns_batch``'s recursion; masked
     tokens are skipped as if absent and get 0, a fully masked sample gets zeros. Returns one ``(T_i,)`` per sample.
     """
@@ -382,8 +383,8 @@ def compute_opsm_mask(
     """OPSM with upstream's signature (``args.opsm_delta`` is δ): per-sample lists in, the ``tis.opsm_keep`` rule.
 
     Returns ``(opsm_mask, opsm_clipfrac)``: the per-token keep mask of all samples concatenated, 0.0 where
-    A_t < 0 and the sample's κ = Σ m·(old − lp) / max(Σ m, 1) exceeds δ, else 1.0; and Σ_i (masked tokens of i) /
-    max(Σ m_i, 1), upstream's count of masked sequences (each sample adds its fraction of masked tokens)."""
+    A_t < 0 and the sample's κ = Σ m·(old − lp) / max(Σ m, 1) exceeds δ, else 1.0; and
+    Σ_i (masked tokens of i) / max(Σ m_i, 1), upstream's sum of each sample's fraction of masked tokens."""
     from miles.backends.training_utils.tis import opsm_keep  # tis.py imports this module's constants
 
     valid = valid_positions([lp.numel() for lp in full_log_probs])
