@@ -289,9 +289,12 @@ def apply_custom_config(args) -> None:
     try:
         with open(path) as file:
             data = yaml.safe_load(file) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise MilesConfigError(f"--custom-config-path {path} cannot be read as YAML ({error}). Pass a YAML file of "
-                               "name: value lines.") from None
+    except OSError as error:
+        raise MilesConfigError(f"--custom-config-path {path} cannot be read ({error.strerror}). Pass an existing "
+                               "YAML file of name: value lines.") from None
+    except yaml.YAMLError as error:
+        raise MilesConfigError(f"--custom-config-path {path} is not valid YAML ({' '.join(str(error).split())}). "
+                               "Pass a YAML file of name: value lines.") from None
     if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
         raise MilesConfigError(f"--custom-config-path {path} holds a {type(data).__name__}, but it must be a mapping "
                                "of names to values (name: value lines).")
