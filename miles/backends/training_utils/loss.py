@@ -243,7 +243,10 @@ def policy_loss(
     old = tokens.pad(_denominator(cfg, batch), "the denominator log-probs").detach()  # (B, T)
     advantages = tokens.pad(batch.get("advantages"), "advantages").detach()  # (B, T)
     token_ppo_kl = old - lp  # (B, T)
-    ppo_kl = compute_gspo_kl(token_ppo_kl, tokens.mask) if cfg.advantage_estimator == "gspo" else token_ppo_kl
+    ppo_kl = token_ppo_kl
+    if cfg.advantage_estimator == "gspo":
+        lp_list, masks = tokens.unpad(lp), tokens.unpad(tokens.mask)
+        ppo_kl = tokens.repad(compute_gspo_kl(lp_list, tokens.unpad(old), lp_list, masks))
     pg_losses, pg_clipfrac = compute_policy_loss(ppo_kl, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
     pg_losses, loss_tokens, metrics = _corrections(cfg, batch, tokens, old, lp, advantages, pg_losses)
     reduce = functools.partial(loss_tokens.reduce, token_sum=cfg.calculate_per_token_loss, divisor=step_divisor)

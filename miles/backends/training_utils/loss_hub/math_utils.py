@@ -362,15 +362,24 @@ def _row_sum_and_count(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.
     return row_sum, keep.sum(dim=-1).to(values.dtype)
 
 
-def compute_gspo_kl(ppo_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GSPO's sequence-level log-ratio, broadcast back to the tokens.
+def compute_gspo_kl(
+    full_log_probs: list[torch.Tensor],
+    full_old_log_probs: list[torch.Tensor],
+    local_log_probs: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+) -> torch.Tensor:
+    """GSPO's sequence-level log-ratio, broadcast back to the tokens (upstream's signature: per-sample lists).
 
-    For each sequence (last dimension): s = Σ_t m_t·ppo_kl_t / max(Σ_t m_t, 1); every token gets s (a fully
-    masked sequence gets 0). Gradients flow to every unmasked token of the sequence. Returns ``ppo_kl``'s shape.
+    For sample i: s_i = Σ_t m_t·(old_t − lp_t) / max(Σ_t m_t, 1), masked tokens (even NaN) left out; each of its
+    tokens gets s_i, shaped like ``local_log_probs[i]`` (this context-parallel rank's tokens: all of them here). A
+    fully masked sample gets 0. Gradients flow to every unmasked token of the sample. Returns ``(Σ T_i,)``.
     """
-    row_sum, count = _row_sum_and_count(ppo_kl, mask)
-    sequence_kl = row_sum / count.clamp_min(1.0)
-    return sequence_kl.unsqueeze(-1).expand_as(ppo_kl)
+    per_sample = []
+    for log_probs, old_log_probs, local, mask in zip(full_log_probs, full_old_log_probs, local_log_probs, loss_masks,
+                                                    strict=True):
+        row_sum, count = _row_sum_and_count(old_log_probs - log_probs, mask)
+        per_sample.append((row_sum / count.clamp_min(1.0)).expand_as(local))
+    return torch.cat(per_sample)
 
 
 def compute_opsm_mask(

@@ -410,16 +410,22 @@ def test_normalize_advantages_edge_cases():
 # ---------------------------------------------------------------- GSPO, ESS and the reductions
 
 
+def _gspo_kl(ppo_kl_rows, mask_rows):
+    """compute_gspo_kl on rows of old − lp (lp = 0), in upstream's list form."""
+    old = [t(row) for row in ppo_kl_rows]
+    zeros = [torch.zeros_like(o) for o in old]
+    return compute_gspo_kl(zeros, old, zeros, [torch.tensor(m) for m in mask_rows])
+
+
 def test_gspo_kl_is_the_masked_sequence_mean_broadcast():
-    ppo_kl = t([[0.1, 0.3, NAN, 9.0], [INF, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
-    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0]])
-    torch.testing.assert_close(compute_gspo_kl(ppo_kl, mask), t([[0.2] * 4, [2.0] * 4, [0.0] * 4]))
-    torch.testing.assert_close(compute_gspo_kl(t([1.0, 2.0]), torch.tensor([1, 1])), t([1.5, 1.5]))
+    ppo_kl = [[0.1, 0.3, NAN, 9.0], [INF, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0]]
+    mask = [[1, 1, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0], [1, 1]]
+    torch.testing.assert_close(_gspo_kl(ppo_kl, mask), t([0.2] * 4 + [2.0] * 4 + [0.0] * 4 + [1.5] * 2))
 
 
 def test_gspo_kl_gradient_spreads_over_the_unmasked_tokens():
     log_probs = torch.zeros(4, dtype=torch.float64, requires_grad=True)
-    compute_gspo_kl(t([0.0] * 4) - log_probs, torch.tensor([1, 1, 0, 1]))[0].backward()
+    compute_gspo_kl([log_probs], [t([0.0] * 4)], [log_probs], [torch.tensor([1, 1, 0, 1])])[0].backward()
     torch.testing.assert_close(log_probs.grad, t([-1 / 3, -1 / 3, 0.0, -1 / 3]))
 
 
