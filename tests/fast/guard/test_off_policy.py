@@ -8,6 +8,7 @@ the upstream two-slot queue's uncorrected rollouts, so that test doubles as docu
 """
 
 import math
+from types import SimpleNamespace
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -26,12 +27,12 @@ from miles.guard.off_policy import (
     check_snapshot_count,
     check_snapshot_provenance,
     check_staleness,
-    correction_in_effect,
     denominator_vs_behavior,
     expected_staleness,
     policy_vs_behavior,
     sample_staleness,
 )
+from miles.config.corrections import chosen_labels, label_in_effect
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 
@@ -393,7 +394,7 @@ def test_policy_vs_behavior_hand_computed():
     assert policy_vs_behavior(same, roll) == {"policy_behavior_abs_diff": 0.0, "policy_behavior_kl": 0.0}
 
 
-# ---------------------------------------------------------------- correction_in_effect
+# ---------------------------------------------------------------- the label in effect (the corrections table)
 
 
 @pytest.mark.parametrize(
@@ -405,17 +406,18 @@ def test_policy_vs_behavior_hand_computed():
         (False, True, True, "keep_old_actor+tis"),
         (True, False, False, "rollout_logprobs"),
         (True, False, True, "rollout_logprobs+keep_old_actor(metrics)"),
-        (True, True, False, "rollout_logprobs"),
-        (True, True, True, "rollout_logprobs+keep_old_actor(metrics)"),
     ],
 )
-def test_correction_in_effect(use_rollout_logprobs, use_tis, keep_old_actor, label):
-    assert correction_in_effect(use_rollout_logprobs, use_tis, keep_old_actor) == label
-    if use_rollout_logprobs and use_tis:
-        # The label drops --use-tis only because no run can reach it: the parser refuses the pair.
-        argv = ["--use-rollout-logprobs", "--use-tis"] + (["--keep-old-actor"] if keep_old_actor else [])
-        with pytest.raises(MilesConfigError, match="exclude each other"):
-            parse_args(argv=argv)
+def test_the_label_in_effect(use_rollout_logprobs, use_tis, keep_old_actor, label):
+    args = SimpleNamespace(use_rollout_logprobs=use_rollout_logprobs, use_tis=use_tis, keep_old_actor=keep_old_actor)
+    assert label_in_effect(chosen_labels(args)) == label
+
+
+@pytest.mark.parametrize("keep_old_actor", [False, True])
+def test_no_run_reaches_rollout_logprobs_with_tis(keep_old_actor):
+    argv = ["--use-rollout-logprobs", "--use-tis"] + (["--keep-old-actor"] if keep_old_actor else [])
+    with pytest.raises(MilesConfigError, match="exclude each other"):
+        parse_args(argv=argv)
 
 
 # ---------------------------------------------------------------- E_roll[π_old / π_roll] = 1
