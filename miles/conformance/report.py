@@ -32,7 +32,6 @@ from miles.utils.errors import AsyncOffPolicyCorrectionError
 
 _SAMPLE_VALUES = {"int": "3", "float": "0.25", "str": "sample"}
 _FLAG_ONLY_ACTIONS = ("store_true", "store_false", "store_const", "boolean_optional")
-CORRECTION_FLAGS = tuple(row.flag for row in corrections.contract_corrections())  # the corrections table's
 
 
 def sample_command_lines(flag: str, record: dict) -> list[list[str]]:
@@ -51,9 +50,10 @@ def sample_command_lines(flag: str, record: dict) -> list[list[str]]:
 
 def contract_command_lines(estimators: list[str]) -> list[list[str]]:
     """Each estimator (miles' ``--advantage-estimator`` choices) with every subset of the three corrections."""
+    flags = [row.flag for row in corrections.contract_corrections()]  # the corrections table's contract rows
     return [[*compare.BASE_COMMAND_LINE, "--advantage-estimator", estimator, *chosen]
-            for estimator in estimators for size in range(len(CORRECTION_FLAGS) + 1)
-            for chosen in itertools.combinations(CORRECTION_FLAGS, size)]
+            for estimator in estimators for size in range(len(flags) + 1)
+            for chosen in itertools.combinations(flags, size)]
 
 
 def contract_refuses(namespace: dict) -> bool:
