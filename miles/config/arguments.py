@@ -17,6 +17,7 @@ from miles.ranks.layout import check_rank_layout
 from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags
 from miles.config.flag_rules import check_flag_values, flag_name
+from miles.config.hooks import load_function
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 
@@ -223,6 +224,8 @@ def _check_corrections(args) -> None:
     _check_tis_choices(args)
 
 
+TIS_HOOK_EXAMPLES = "miles.backends.training_utils.loss_hub.corrections"  # the built-in hooks' module
+
 TIS_CHOICE_DEFAULTS = {"tis_mode": "clip", "tis_level": "token", "rs_level": None, "rs_lower_bound": None,
                        "rs_upper_bound": None, "rs_veto_threshold": None}
 
@@ -257,10 +260,8 @@ def _check_tis_choices(args) -> None:
             f"the --rs-level band [{low}, {high}] (--rs-lower-bound, --rs-upper-bound, default --tis-clip-low and "
             "--tis-clip) is empty or a point. Pass e.g. --rs-lower-bound 0.99 --rs-upper-bound 1.01."
         )
-    if hook is not None:
-        from miles.backends.training_utils.loss_hub.corrections import load_tis_function  # imports torch
-
-        load_tis_function(hook)  # a bad path fails here, before anything starts
+    if hook is not None:  # a bad path fails here, before anything starts
+        load_function("--custom-tis-function-path", hook, f"{TIS_HOOK_EXAMPLES}.icepop_function")
 
 
 def _check_kl(args) -> None:
