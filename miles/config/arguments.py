@@ -91,7 +91,8 @@ def async_staleness_warning(args) -> str | None:
         f"async {args.advantage_estimator} runs without a behavior-policy correction: its data is as stale as "
         "async PPO's (every rollout after the first is at least one update old) and its ratio is anchored to the "
         "current actor. It is accepted for upstream compatibility; add "
-        f"{corrections.suggested_fix(corrections.SUGGESTED_FIRST_CRITIC_FREE)} to correct it. The off_policy/* metrics show the drift."
+        f"{corrections.suggested_fix(corrections.SUGGESTED_FIRST_CRITIC_FREE)} to correct it. The off_policy/* "
+        "metrics show the drift."
     )
 
 

@@ -1,4 +1,4 @@
-"""A rollout's rewards → per-sample advantages and returns, for each advantage estimator (DESIGN.md §6).
+"""A rollout's rewards → per-sample advantages and returns, for each advantage estimator (docs/design.md §7).
 
 One function, ``compute_advantages_and_returns``, picks the estimator from ``ADVANTAGE_ESTIMATORS`` (a plain
 dict from name to function). Every estimator returns one 1-D tensor per sample over its response tokens,
@@ -13,7 +13,7 @@ With ``normalize``, the advantages (not the returns) are whitened over every unm
 Departures from upstream miles semantics:
 - Every estimator writes 0 at loss-mask-0 positions (upstream broadcasts the reward to them; they never reach
   a loss), and the KL shaping acts on unmasked tokens only.
-- PPO places the reward at the last *unmasked* token (DESIGN.md §6; upstream at the last token), and GAE and
+- PPO places the reward at the last *unmasked* token (docs/design.md §7; upstream at the last token), and GAE and
   the REINFORCE++ discounting run over the unmasked tokens as if the masked ones were absent (upstream
   discounts across them).
 - A REINFORCE++ sample with no unmasked token gets zeros (upstream asserts).

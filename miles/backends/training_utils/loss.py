@@ -6,7 +6,7 @@ first optimizer step; may be absent under ``--use-rollout-logprobs``), ``rollout
 ``ref_log_probs`` (may be None), ``returns``, ``old_values``. Everything in ``batch`` is a constant (detached
 here); gradients flow only to the ``log_probs``, ``entropy`` and ``values`` arguments.
 
-Gradient scale never depends on micro-batching (DESIGN.md §6): each loss is divided by ``step_divisor``, the
+Gradient scale never depends on micro-batching (docs/design.md §7): each loss is divided by ``step_divisor``, the
 number of samples (or, with ``--calculate-per-token-loss``, of unmasked tokens) of the optimizer step's whole
 batch, so summing the micro-batches' losses gives the full batch's loss and gradient.
 

@@ -1,4 +1,4 @@
-"""Pure tensor math of the policy, value and advantage losses (DESIGN.md §3, §6).
+"""Pure tensor math of the policy, value and advantage losses (docs/design.md §3, §7).
 
 Tensors and scalars in, tensors out: no ``args``, no global state. Per-token functions take any shape and treat
 the last dimension as the token dimension, so they work on one sample's response (``(T,)``) and on a padded

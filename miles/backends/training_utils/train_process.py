@@ -4,8 +4,9 @@ One implementation for every training backend: the backend only supplies the mod
 ``train_model.py``), chosen by ``--train-backend``.
 
 Per rollout the actor computes the ratio denominator ("old") once, before its first optimizer step, by the mode the
-flags choose (docs/design.md §3), then takes ``--num-steps-per-rollout`` optimizer steps over micro-batches whose losses
-are already scaled by the whole step's divisor, so the gradient does not depend on micro-batching.
+chosen corrections decide (docs/design.md §3), then takes ``--num-steps-per-rollout`` optimizer steps over
+micro-batches whose losses are already scaled by the whole step's divisor, so the gradient does not depend on
+micro-batching.
 """
 
 from __future__ import annotations
@@ -220,7 +221,8 @@ class PolicyTrainer(_TrainProcess):
         self.ref_model = self._load_ref_model(args)
         self.chosen = corrections.chosen_labels(args)  # the corrections table's rows this run chose
         # a snapshot per pushed version, when a chosen row recomputes the denominator with the behavior's weights
-        self.snapshots = WeightSnapshotStore() if corrections.SNAPSHOT in corrections.denominators(self.chosen) else None
+        keeps_snapshots = corrections.SNAPSHOT in corrections.denominators(self.chosen)
+        self.snapshots = WeightSnapshotStore() if keeps_snapshots else None
         self.weight_version = 0  # pushes so far; version v is the v-th push (docs/design.md §2)
         self.version_to_rollouts_trained: dict[int, int] = {}
         self.pushed_fingerprints: dict[int, str] = {}

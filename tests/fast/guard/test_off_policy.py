@@ -1,6 +1,6 @@
 """The runtime guard's pure functions (miles/guard/off_policy.py) against simulations and hand-computed values.
 
-The async loop is simulated here from its order alone (DESIGN.md §3, train_async.py), never from the formula:
+The async loop is simulated here from its order alone (docs/design.md §2, train_async.py), never from the formula:
 push the weights after ``start`` rollouts as version 1; start generating rollout ``start``; then for each k, start
 generating k+1, train on k, and when (k+1) % N == 0 drain the in-flight generation and push the trained weights.
 A rollout's behavior weights are the ones most recently pushed when its generation started. ``pytest -s`` prints
@@ -188,7 +188,7 @@ def test_upstream_two_slot_queue_leaves_rollouts_uncorrected_where_the_snapshot_
     num_rollouts = 12
     rollout_ids = range(num_rollouts)
     # Under upstream's queue the denominator of rollout k ≥ 1 is W_{k−1}, exact only where d(k) = 1, with
-    # d(k) = ((k − 1) mod N) + 1 (DESIGN.md §3), written out here rather than taken from expected_staleness.
+    # d(k) = ((k − 1) mod N) + 1 (docs/design.md §2), written out here rather than taken from expected_staleness.
     expected_uncorrected = {
         1: [],
         2: [k for k in range(2, num_rollouts) if k % 2 == 0],
