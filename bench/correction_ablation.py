@@ -122,8 +122,8 @@ def contract_switched_off():
     correction, OPSM alone).
 
     It replaces the name ``validate_async_off_policy_correction`` in ``train_async``'s namespace (where ``train``
-    looks it up) with a no-op, and the actor class ``miles.ray.run`` places with a subclass whose
-    ``allows_uncorrected_stale_ppo`` is true (the per-batch contract in ``PolicyTrainer.prepare``), and restores
+    looks it up) with a no-op, and the actor class ``miles.ray.run`` places with a subclass whose per-batch contract
+    check (``PolicyTrainer._check_contract``, called by ``prepare``) does nothing, and restores
     both on every exit path. It exists only in this benchmark's process: no flag or environment variable reaches it.
     """
     import miles.ray.run
@@ -131,7 +131,8 @@ def contract_switched_off():
     from miles.backends.training_utils.train_process import PolicyTrainer
 
     class UncorrectedAblationTrainer(PolicyTrainer):  # a local class: Ray ships it to the actor by value
-        allows_uncorrected_stale_ppo = True
+        def _check_contract(self, rollout_id: int, staleness: int) -> None:
+            pass  # this arm trains uncorrected stale PPO on purpose
 
     original = train_async.validate_async_off_policy_correction, miles.ray.run.PolicyTrainer
     train_async.validate_async_off_policy_correction = lambda args: None

@@ -9,7 +9,7 @@ A backend is imported only when it is used, so the torch backend never imports m
 
 from __future__ import annotations
 
-TRAIN_BACKENDS = ("torch", "megatron")
+from miles.config.flags import TRAIN_BACKENDS  # noqa: F401  (the names --train-backend accepts)
 
 
 def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1):

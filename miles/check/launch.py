@@ -15,7 +15,8 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER, Unresolved
-from miles.utils.arguments import (
+from miles.config import corrections
+from miles.config.arguments import (
     build_parser,
     check_async_colocation,
     check_async_max_weight_staleness,
@@ -26,11 +27,9 @@ from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 OK, REJECTED, DEPENDS = "OK", "REJECTED", "DEPENDS"
 CONTRACT_FIX = (
-    "fix: add --keep-old-actor (or --use-rollout-logprobs, or --use-tis) to the train_async.py arguments, "
+    f"fix: add {corrections.suggested_fix()} to the train_async.py arguments, "
     "or train synchronously with train.py"
 )
-_CORRECTIONS = (("use_rollout_logprobs", "--use-rollout-logprobs"), ("use_tis", "--use-tis"),
-                ("keep_old_actor", "--keep-old-actor"))
 _ESTIMATOR = "advantage_estimator"
 _NEGATIVE_NUMBER = re.compile(r"-\d[\d.e+-]*")
 _FLAG_WITH_VALUE = re.compile(r"(-[^=$`]+)=")  # the literal "--flag=" that starts an unresolved word
@@ -252,13 +251,13 @@ def _contract(args, driver: str, contract_error, placed: _Placement) -> tuple:
     """
     if driver == SYNC_DRIVER:
         return "contract: not applicable (train.py is synchronous, never stale)", []
-    chosen = ", ".join(flag for attribute, flag in _CORRECTIONS if getattr(args, attribute))
+    chosen = ", ".join(row.flag for row in corrections.chosen(args) if row.satisfies_contract)
     estimator = placed.unknown_values.get(_ESTIMATOR)
     if chosen and estimator is not None:
         return f"contract: OK ({chosen}, whatever {estimator.flag} {estimator.text} is)", []
     if chosen:
         return (f"contract: OK ({chosen})" if args.use_critic else _exempt_line(args)), []
-    deciding = {_ESTIMATOR, *(attribute for attribute, _ in _CORRECTIONS)}
+    deciding = {_ESTIMATOR, *(row.dest for row in corrections.contract_corrections())}
     adds_correction = [(word.text, why) for _, word, dests in placed.flag_words
                        if (why := _adds(dests, deciding, "a correction flag or --advantage-estimator"))]
     if estimator is not None:

@@ -1,5 +1,5 @@
 """The departures table (``departures.toml``): how miles' command line departs from upstream miles', each with its
-reason, rendered into ``--help`` and docs/training.md. Standard library only: ``miles/utils/flags.py`` reads it
+reason, rendered into ``--help`` and docs/training.md. Standard library only: ``miles/config/flags.py`` reads it
 for every ``--help``, and upstream's venv never imports it."""
 
 from __future__ import annotations

@@ -26,12 +26,12 @@ from miles.conformance import compare
 from miles.conformance.departures import added_option_strings, load_additions, load_departures
 from miles.conformance.parser_spec import describe_parser, parse_command_line
 from miles.conformance.upstream_env import DEFAULT_ENV_DIR, ensure_upstream_env, upstream_parser_dump
-from miles.utils.arguments import build_parser, validate_async_off_policy_correction
+from miles.config import corrections
+from miles.config.arguments import build_parser, validate_async_off_policy_correction
 from miles.utils.errors import AsyncOffPolicyCorrectionError
 
 _SAMPLE_VALUES = {"int": "3", "float": "0.25", "str": "sample"}
 _FLAG_ONLY_ACTIONS = ("store_true", "store_false", "store_const", "boolean_optional")
-CORRECTION_FLAGS = ("--use-rollout-logprobs", "--use-tis", "--keep-old-actor")
 
 
 def sample_command_lines(flag: str, record: dict) -> list[list[str]]:
@@ -50,9 +50,10 @@ def sample_command_lines(flag: str, record: dict) -> list[list[str]]:
 
 def contract_command_lines(estimators: list[str]) -> list[list[str]]:
     """Each estimator (miles' ``--advantage-estimator`` choices) with every subset of the three corrections."""
+    flags = [row.flag for row in corrections.contract_corrections()]  # the corrections table's contract rows
     return [[*compare.BASE_COMMAND_LINE, "--advantage-estimator", estimator, *chosen]
-            for estimator in estimators for size in range(len(CORRECTION_FLAGS) + 1)
-            for chosen in itertools.combinations(CORRECTION_FLAGS, size)]
+            for estimator in estimators for size in range(len(flags) + 1)
+            for chosen in itertools.combinations(flags, size)]
 
 
 def contract_refuses(namespace: dict) -> bool:

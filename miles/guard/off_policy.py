@@ -3,7 +3,7 @@
 Upstream's check only reads flags, and its recorded weight versions are "a metric, not an enforcement mechanism".
 Here every trained batch is checked, with no extra forward pass, by small pure functions that raise
 ``OffPolicyGuardError`` naming the rollout, the versions and the fix (docs/async_off_policy_contract.md, "The
-runtime guard"). Units (DESIGN.md §4): weight version v = the v-th push; W_j = the actor after j rollouts; the
+runtime guard"). Units (docs/design.md §2): weight version v = the v-th push; W_j = the actor after j rollouts; the
 trainer keeps a version → j table, and staleness d = j_trainer − j_behavior counts rollouts.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from miles.backends.training_utils.loss_hub.math_utils import compute_approx_kl, compute_ess_ratio, pad_samples, valid_positions
+from miles.config import corrections
 from miles.guard.display import short
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError
 
@@ -106,19 +107,18 @@ def check_snapshot_provenance(
         )
 
 
-def check_correction_per_batch(
-    rollout_id: int, staleness: int, use_critic: bool, use_rollout_logprobs: bool, use_tis: bool, keep_old_actor: bool
-) -> None:
+def check_correction_per_batch(rollout_id: int, staleness: int, use_critic: bool, chosen: Sequence[str]) -> None:
     """The async contract on every batch: a stale PPO rollout needs a behavior-policy correction in effect.
 
+    ``chosen``: the labels of the corrections table's rows the run chose (``corrections.chosen_labels(args)``).
     The startup validator refuses such a launch; this catches whatever reaches the trainer around it (a custom
-    driver, a notebook). Any TIS variant comes under ``use_tis``; OPSM alone is no correction (DESIGN.md §3)."""
-    if use_critic and staleness > 0 and correction_in_effect(use_rollout_logprobs, use_tis, keep_old_actor) == "none":
+    driver, a notebook). Any TIS variant comes under the TIS row; OPSM alone is no correction (docs/design.md §3)."""
+    if use_critic and staleness > 0 and not corrections.satisfies_contract(chosen):
         raise OffPolicyGuardError(
             f"rollout {rollout_id} is {staleness} rollout(s) stale, and PPO's ratio denominator would be the current "
-            f"actor's (use_rollout_logprobs={use_rollout_logprobs}, use_tis={use_tis}, "
-            f"keep_old_actor={keep_old_actor}): it was not the behavior policy. Train it with a behavior-policy "
-            "correction: --use-rollout-logprobs, --use-tis or --keep-old-actor (docs/async_off_policy_contract.md)."
+            f"actor's (correction in effect: {corrections.label_in_effect(chosen)}): it was not the behavior "
+            f"policy. Train it with a behavior-policy correction: {corrections.suggested_fix()} "
+            "(docs/async_off_policy_contract.md)."
         )
 
 
@@ -135,7 +135,7 @@ def check_snapshot_count(
 
 
 def check_denominator_tolerance(rollout_id: int, max_abs_diff: float, tolerance: float) -> None:
-    """--keep-old-actor: max |old − rollout| per token is within --keep-old-actor-tol."""
+    """The snapshot denominator: max |old − rollout| per token is within --keep-old-actor-tol."""
     if not max_abs_diff <= tolerance:  # also catches NaN
         raise OffPolicyGuardError(
             f"rollout {rollout_id}: with --keep-old-actor the recomputed denominator differs from the engine's "
@@ -146,7 +146,8 @@ def check_denominator_tolerance(rollout_id: int, max_abs_diff: float, tolerance:
 
 
 def check_rollout_log_probs(rollout_id: int, rollout_log_probs: Sequence[Sequence[float]], lengths: Sequence[int]) -> None:
-    """--use-rollout-logprobs / --use-tis: every sample carries finite engine log-probs, one per response token."""
+    """A correction that reads the engine's log-probs (the table's ``needs_rollout_log_probs``): every sample
+    carries finite ones, one per response token."""
     for index, (log_probs, length) in enumerate(zip(rollout_log_probs, lengths, strict=True)):
         if len(log_probs) != length or not all(math.isfinite(value) for value in log_probs):
             raise OffPolicyGuardError(
@@ -222,12 +223,3 @@ def check_behavior_kl(rollout_id: int, policy_behavior_kl: float, max_behavior_k
             f"{max_behavior_kl:g} (correction in effect: {correction}). The data is too far off-policy: lower "
             "--update-weights-interval or --lr, pick a correction, or raise --max-behavior-kl."
         )
-
-
-def correction_in_effect(use_rollout_logprobs: bool, use_tis: bool, keep_old_actor: bool) -> str:
-    """A short label of the denominator and re-weighting actually used (DESIGN.md §3 combinations)."""
-    if use_rollout_logprobs:
-        return "rollout_logprobs" + ("+keep_old_actor(metrics)" if keep_old_actor else "")
-    if keep_old_actor:
-        return "keep_old_actor" + ("+tis" if use_tis else "")
-    return "tis" if use_tis else "none"

@@ -50,7 +50,7 @@ SIZES = ("actor_num_nodes", "actor_num_gpus_per_node", "critic_num_nodes", "crit
 def check_rank_layout(args) -> None:
     """The rules between the ranks' flags, each a ``MilesConfigError`` naming the value, the rule and the fix.
 
-    Each size is at least 1, and the pipeline size 1, by ``miles.utils.flag_rules``. A size that is not a number
+    Each size is at least 1, and the pipeline size 1, by ``miles.config.flag_rules``. A size that is not a number
     (miles-check's placeholder for an unresolved shell word) leaves the rules it enters unjudged.
     """
     if not all(isinstance(getattr(args, name), int) for name in SIZES):

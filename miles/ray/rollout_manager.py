@@ -9,7 +9,6 @@ actors as an object reference.
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 
@@ -19,6 +18,7 @@ from miles.guard.display import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.data_source import PromptDataSource, load_prompt_data
 from miles.rollout.engine_actor import engine_actor_class
+from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
 from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError, RolloutEngineError
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
@@ -79,9 +79,8 @@ class RolloutManager:
             )
         self.weight_version = version
         self.last_push_s = time.perf_counter() - start
-        if self.args.rollout_backend == "sglang":  # SGLang's update and checksum, the slowest engine's
-            costs = ray.get([engine.push_perf.remote() for engine in self.engines])
-            self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}
+        costs = ray.get([engine.push_perf.remote() for engine in self.engines])  # e.g. SGLang's update and checksum
+        self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}  # the slowest engine's
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
                 temperature: float, max_response_len: int) -> list[Sample]:
@@ -140,38 +139,21 @@ class RolloutManager:
 def create_rollout_manager(args, placement: Placement):
     """The manager actor (no CPU of its own: it only dispatches) and one engine actor per engine bundle."""
     engine_cpus = 0 if args.colocate else CPUS_PER_BUNDLE
-    engine_class = _engine_class(args)
-    actor_class = ray.remote(engine_actor_class(engine_class))
+    # torch + transformers (and sglang): imported here, where the caller has them already, never by the manager,
+    # which receives the engines' handles as EngineActor shells (miles/rollout/engine_actor.py).
+    engine = engine_class(args.rollout_backend)
+    actor_class = ray.remote(engine_actor_class(engine))
     engines = [
         actor_class.options(num_cpus=engine_cpus, scheduling_strategy=placement.strategy(bundle))
-        .remote(engine_class, *_engine_init_args(args, index))
+        .remote(engine, *engine.init_args(args, index))
         for index, bundle in enumerate(placement.engine_bundles)
     ]
     placement.actors.extend(engines)
-    if args.rollout_backend == "sglang":
+    if engine.waits_for_start:
         wait_for_engines(engines, args.rollout_engine_start_timeout)
     manager = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engines)
     placement.actors.append(manager)
     return manager
-
-
-def _engine_class(args) -> type:
-    # torch + transformers (and sglang): imported here, where the caller has them already, never by the manager,
-    # which receives the engines' handles as EngineActor shells (miles/rollout/engine_actor.py).
-    if args.rollout_backend == "sglang":
-        from miles.rollout.sglang_engine import SGLangRolloutEngine
-
-        return SGLangRolloutEngine
-    from miles.rollout.engine import TorchRolloutEngine
-
-    return TorchRolloutEngine
-
-
-def _engine_init_args(args, index: int) -> tuple:
-    if args.rollout_backend == "sglang":
-        stand_in_log = os.path.join(args.log_dir, "sglang_stand_ins.log")
-        return (args.hf_checkpoint, args.rollout_seed + index, args.sglang_server_args, index, stand_in_log)
-    return (args.hf_checkpoint, args.rollout_seed, 1)
 
 
 def wait_for_engines(engines: list, timeout_s: float) -> None:
@@ -181,7 +163,7 @@ def wait_for_engines(engines: list, timeout_s: float) -> None:
     _, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
     if late:
         raise RolloutEngineError(
-            f"SGLang rollout engine(s) {sorted(pending[ref] for ref in late)} did not start within "
-            f"--rollout-engine-start-timeout {timeout_s:g} s; raise it on a busy machine (a start takes about 30 s "
-            "on 2 cores), or lower --rollout-num-engines.")
+            f"rollout engine(s) {sorted(pending[ref] for ref in late)} did not start within "
+            f"--rollout-engine-start-timeout {timeout_s:g} s; raise it on a busy machine (an SGLang start takes "
+            "about 30 s on 2 cores), or lower --rollout-num-engines.")
     ray.get(list(pending))  # an engine that failed to start raises its own error here

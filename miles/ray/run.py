@@ -30,7 +30,7 @@ from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summa
 from miles.tracking.plot import plot_run
 from miles.tracking.wandb_run import WandbSettings
 from miles.utils.errors import MilesRunError, ProcessDiedError, RunInterrupted
-from miles.utils.preflight import check_rollouts_left, preflight
+from miles.ray.preflight import check_rollouts_left, preflight
 from miles.utils.stop_signals import StopRequest
 
 logger = logging.getLogger("miles")

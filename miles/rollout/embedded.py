@@ -1,6 +1,6 @@
 """The embedded default: a tiny Qwen2 model that adds two digits, built locally and cached. No network, ever.
 
-What gets built (DESIGN.md §5), once per cache folder:
+What gets built (docs/design.md §5), once per cache folder:
 
 - a character tokenizer made with ``tokenizers``: vocabulary ``<pad> <bos> <eos> 0-9 + =`` (15 tokens), one token
   per character, ``<bos>`` prepended; saved as a ``PreTrainedTokenizerFast`` folder (reload it with

@@ -26,6 +26,19 @@ from miles.utils.types import Sample, SampleStatus
 
 
 class TorchRolloutEngine:
+    """The embedded default's engine (``--rollout-backend torch``): a KV-cached sampling loop over the Hugging Face
+    model, fp32. Implements ``miles.rollout.protocol.RolloutEngine``."""
+
+    waits_for_start = False  # it loads in about a second, beside the train processes
+
+    @classmethod
+    def preflight(cls, args) -> None:
+        """Nothing of its own to check: the model folder is checked for every backend."""
+
+    @classmethod
+    def init_args(cls, args, index: int) -> tuple:
+        return (args.hf_checkpoint, args.rollout_seed, 1)  # every engine's seed is its rollout_seed
+
     def __init__(self, hf_checkpoint: str, seed: int, num_threads: int = 1):
         """Load ``hf_checkpoint`` (fp32, eval mode) and its tokenizer; weight version 0 is the folder's weights.
 
@@ -56,6 +69,12 @@ class TorchRolloutEngine:
         self.weight_version = version
         self.weight_fingerprint = weights_fingerprint(self.model)
         return self.weight_fingerprint
+
+    def ready(self) -> str:
+        return type(self).__name__
+
+    def push_perf(self) -> dict[str, float]:
+        return {}  # loading a state dict has no cost of its own to report beside the manager's perf/last_push_s
 
     def load_pushed(self, payload: dict) -> tuple[int, str, str]:
         """Load a trainer's push ``{"version", "fingerprint", "state_dict"}`` (``PolicyTrainer.export_weights``);

@@ -11,7 +11,7 @@ defines included).
 
 from __future__ import annotations
 
-ENGINE_VERBS = ("ready", "held_digests", "load_weights", "load_pushed", "push_perf", "generate", "shutdown")
+from miles.rollout.protocol import ENGINE_VERBS
 
 
 class EngineActor:

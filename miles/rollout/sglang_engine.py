@@ -28,7 +28,7 @@ from miles.models.hf import load_tokenizer
 from miles.rollout import sglang_shims
 from miles.rollout.engine import build_sample, check_generate_args, eos_token_id_of
 from miles.rollout.prompt_tokens import encode_prompts
-from miles.rollout.sglang_args import engine_kwargs
+from miles.rollout.sglang_args import check_sglang_server_args, engine_kwargs
 from miles.rollout.sglang_layout import check_held_weights, sglang_digests
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError, RolloutEngineError
 
@@ -41,6 +41,21 @@ NEUTRAL_SAMPLING = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty
 
 
 class SGLangRolloutEngine:
+    """Implements ``miles.rollout.protocol.RolloutEngine``."""
+
+    waits_for_start = True  # a start takes about 30 s here, and may fail: the run waits for it before training
+
+    @classmethod
+    def preflight(cls, args) -> None:
+        """The ``--sglang-*`` words, checked with SGLang's own parser and kept as ``args.sglang_server_args``."""
+        args.sglang_server_args = check_sglang_server_args(
+            getattr(args, "sglang_words", []), args.hf_checkpoint, cuda=torch.cuda.is_available())
+
+    @classmethod
+    def init_args(cls, args, index: int) -> tuple:
+        stand_in_log = os.path.join(args.log_dir, "sglang_stand_ins.log")
+        return (args.hf_checkpoint, args.rollout_seed + index, args.sglang_server_args, index, stand_in_log)
+
     def __init__(self, hf_checkpoint: str, seed: int, server_args: dict, engine_index: int,
                  stand_in_log: str | None = None):
         """Start SGLang on ``hf_checkpoint`` with miles' settings plus the user's ``--sglang-*`` ``server_args``

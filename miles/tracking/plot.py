@@ -4,7 +4,7 @@
 
 Groups are the part of a metric name before the first ``/`` (``rollout``, ``eval``, ``train``, ``off_policy``,
 ``perf``, then any other group in alphabetical order; names without a slash go to ``other``). The ``off_policy``
-page shows only the 6-9 panels that carry information for the run's correction (``OFF_POLICY_PANELS``; flat
+page shows only the 6-9 panels that carry information for the run's correction (the corrections table's ``panels``; flat
 series left out), the rest stays in TensorBoard. A positive series spanning more than two decades gets a log axis;
 no axis uses offset notation. Only metrics with at least one finite number are drawn; the line joins the rollouts that hold a value (eval runs every few
 rollouts; a NaN was written as null), with a marker on each point when there are few.
@@ -23,6 +23,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from miles.config import corrections
 from miles.tracking.metrics import RESERVED_KEYS, is_number, read_metrics
 from miles.utils.cli import run_cli
 from miles.utils.errors import MilesConfigError
@@ -66,19 +67,9 @@ def grouped_metrics(metric_names: list[str]) -> dict[str, list[str]]:
     return {group: groups[group] for group in ordered}
 
 
-# The off_policy page shows the panels that carry information for the run's correction, in this order (the first
-# MAX_OFF_POLICY_PANELS that are not flat); every off_policy metric stays in TensorBoard and metrics.jsonl.
-_DRIFT = ("policy_behavior_kl", "kl_k3", "chi2_token", "chi2_sequence", "log_ppl_diff", "ess")
-_DROPS = ("tis_masked_token_fraction", "tis_masked_sequence_fraction", "vetoed_sequence_fraction")
-OFF_POLICY_PANELS = {  # correction label (off_policy/correction, its first word) -> metric names, most telling first
-    # keep_old_actor: old = behavior, so old-vs-rollout divergences are float32 rounding; the drift is the policy's
-    "keep_old_actor": ("denominator_behavior_abs_diff_max", "num_snapshots", "policy_behavior_kl",
-                       "policy_behavior_abs_diff", "staleness_max"),
-    "rollout_logprobs": ("policy_behavior_kl", "policy_behavior_abs_diff", "kl_k3", "chi2_token", "chi2_sequence",
-                         "log_ppl_diff", "ess", "staleness_max"),
-    "tis": ("tis_raw_std", "tis_clip_fraction", *_DROPS, *_DRIFT, "staleness_max"),
-    "none": ("denominator_behavior_kl", *_DRIFT, "tis_raw_std", "staleness_max"),
-}
+# The off_policy page shows the panels that carry information for the run's correction, in the order of its row
+# of the corrections table (``miles.config.corrections``: the first MAX_OFF_POLICY_PANELS that are not flat); every
+# off_policy metric stays in TensorBoard and metrics.jsonl.
 MIN_OFF_POLICY_PANELS, MAX_OFF_POLICY_PANELS = 6, 9
 ROUNDING_SCALE = 1e-6  # a top-up series whose values all stay below this is float32 rounding of 0, not a signal
 LOG_SCALE_DECADES = 2.0  # a positive series spanning more than this many decades is drawn on a log axis
@@ -102,8 +93,7 @@ def off_policy_panels(series: dict[str, tuple[list[int], list[float]]], correcti
     """The off_policy metrics to draw for ``correction``: its list's non-flat metrics, topped up from the other
     non-flat off_policy metrics above float32 rounding to at least MIN_OFF_POLICY_PANELS, at most
     MAX_OFF_POLICY_PANELS."""
-    label = (correction or "none").split("+")[0]
-    preferred = [f"off_policy/{name}" for name in OFF_POLICY_PANELS.get(label, OFF_POLICY_PANELS["none"])]
+    preferred = [f"off_policy/{name}" for name in corrections.plot_panels(correction)]
     informative = [name for name in series if group_of(name) == "off_policy" and not is_flat(series[name][1])]
     chosen = [name for name in preferred if name in informative]
     top_up = [name for name in informative

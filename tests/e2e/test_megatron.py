@@ -12,7 +12,7 @@ from miles.backends.training_utils.checkpoint import load_trainer_state, rollout
 from miles.tracking.metrics import read_metrics
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError
-from miles.utils.preflight import preflight
+from miles.ray.preflight import preflight
 from tests.e2e.conftest import SMALL_SETTINGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.megatron, pytest.mark.timeout(300)]

@@ -27,7 +27,7 @@ def run_sync(args) -> list[dict]:
 
 
 def staleness_reference(rollout_id: int, interval: int, start: int = 0) -> int:
-    """d(k) of DESIGN.md §3, written out independently of the code under test."""
+    """d(k) of docs/design.md §2, written out independently of the code under test."""
     if rollout_id == start:
         return 0
     return rollout_id - max(start, interval * ((rollout_id - 1) // interval))

@@ -1,4 +1,4 @@
-"""A rollout's rewards → per-sample advantages and returns, for each advantage estimator (DESIGN.md §6).
+"""A rollout's rewards → per-sample advantages and returns, for each advantage estimator (docs/design.md §7).
 
 One function, ``compute_advantages_and_returns``, picks the estimator from ``ADVANTAGE_ESTIMATORS`` (a plain
 dict from name to function). Every estimator returns one 1-D tensor per sample over its response tokens,

@@ -6,7 +6,7 @@ first optimizer step; may be absent under ``--use-rollout-logprobs``), ``rollout
 ``ref_log_probs`` (may be None), ``returns``, ``old_values``. Everything in ``batch`` is a constant (detached
 here); gradients flow only to the ``log_probs``, ``entropy`` and ``values`` arguments.
 
-Gradient scale never depends on micro-batching (DESIGN.md §6): each loss is divided by ``step_divisor``, the
+Gradient scale never depends on micro-batching (docs/design.md §7): each loss is divided by ``step_divisor``, the
 number of samples (or, with ``--calculate-per-token-loss``, of unmasked tokens) of the optimizer step's whole
 batch, so summing the micro-batches' losses gives the full batch's loss and gradient.
 
@@ -57,7 +57,9 @@ from miles.backends.training_utils.loss_hub.math_utils import (
     sum_of_token,
     valid_positions,
 )
-from miles.backends.training_utils.tis import TIS_LEVELS, TIS_MODES, opsm_keep
+from miles.backends.training_utils.tis import opsm_keep
+from miles.config import corrections
+from miles.config.corrections import TIS_LEVELS, TIS_MODES
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,11 @@ def _check_config(cfg: LossConfig) -> None:
                                ("rs_level", cfg.rs_level, (None, *TIS_LEVELS))):
         if value not in valid:
             raise ValueError(f"{name} is {value!r}, but it must be one of {', '.join(map(str, valid))}.")
-    if cfg.use_tis and cfg.use_rollout_logprobs:
-        raise ValueError(
-            "use_tis and use_rollout_logprobs are both set, but they exclude each other (with the rollout "
-            "log-probs as denominator the TIS weight is 1 by construction). Keep one of them."
-        )
+    # the rows whose flag the loss reads (the snapshot row acts before the loss, in the trainer)
+    carried = [row.label for row in corrections.CORRECTIONS if getattr(cfg, row.dest, False)]
+    exclusion = corrections.exclusion_error(carried)
+    if exclusion is not None:
+        raise ValueError(exclusion)
 
 
 def step_divisor(loss_masks: list[torch.Tensor], per_token: bool) -> float:

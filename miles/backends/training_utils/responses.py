@@ -3,8 +3,8 @@
 Both backends pad the same way and read their outputs through these functions, so they agree by construction on
 which position belongs to which token. The log-prob of response token t is log_softmax(logits / temperature) at
 the position that predicts it (the position before it), the definition the rollout engine uses too
-(docs/embedded_default.md). The critic's value V_t for response token t is read at that same position (DESIGN.md
-§6).
+(docs/embedded_default.md). The critic's value V_t for response token t is read at that same position (docs/design.md
+§7).
 """
 
 from __future__ import annotations

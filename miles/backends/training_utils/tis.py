@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import torch
 
 from miles.backends.training_utils.loss_hub.math_utils import LOG_RATIO_CLAMP
-from miles.utils.flags import TIS_LEVELS, TIS_MODES  # noqa: F401  (the flags' names; loss.py reads them here)
 
 
 def _masked_row_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

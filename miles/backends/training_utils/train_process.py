@@ -4,8 +4,9 @@ One implementation for every training backend: the backend only supplies the mod
 ``train_model.py``), chosen by ``--train-backend``.
 
 Per rollout the actor computes the ratio denominator ("old") once, before its first optimizer step, by the mode the
-flags choose (DESIGN.md §3), then takes ``--num-steps-per-rollout`` optimizer steps over micro-batches whose losses
-are already scaled by the whole step's divisor, so the gradient does not depend on micro-batching.
+chosen corrections decide (docs/design.md §3), then takes ``--num-steps-per-rollout`` optimizer steps over
+micro-batches whose losses are already scaled by the whole step's divisor, so the gradient does not depend on
+micro-batching.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from miles.backends.training_utils.lr_schedule import learning_rate, schedule_fo
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, set_learning_rate
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
+from miles.config import corrections
 from miles.guard import mismatch, off_policy
 from miles.guard.divergence import check_finite_step, check_finite_weights
 from miles.guard.fingerprint import combine_digests, differing_tensors, digest_table, weights_are_finite
@@ -214,21 +216,20 @@ class _PreparedRollout:
 
 class PolicyTrainer(_TrainProcess):
     role = "actor"
-    # The per-batch contract (``off_policy.check_correction_per_batch``) is skipped only for a subclass that sets
-    # this: bench/correction_ablation.py's uncorrected arm, in its own process. No flag and no environment variable
-    # reaches it (a class attribute, never read from ``args`` or ``os.environ``).
-    allows_uncorrected_stale_ppo = False
 
     def __init__(self, args, num_threads: int = 1) -> None:
         folder = _load_dir(args.load, "actor", args.hf_checkpoint)
         super().__init__(args, _load_role_model(args, "actor", folder, args.seed, num_threads))
         self.loss_config = LossConfig.from_args(args)
         self.ref_model = self._load_ref_model(args)
-        self.snapshots = WeightSnapshotStore() if args.keep_old_actor else None
-        self.weight_version = 0  # pushes so far; version v is the v-th push (DESIGN.md §4)
+        self.chosen = corrections.chosen_labels(args)  # the corrections table's rows this run chose
+        # a snapshot per pushed version, when a chosen row recomputes the denominator with the behavior's weights
+        keeps_snapshots = corrections.SNAPSHOT in corrections.denominators(self.chosen)
+        self.snapshots = WeightSnapshotStore() if keeps_snapshots else None
+        self.weight_version = 0  # pushes so far; version v is the v-th push (docs/design.md §2)
         self.version_to_rollouts_trained: dict[int, int] = {}
         self.pushed_fingerprints: dict[int, str] = {}
-        self.correction = off_policy.correction_in_effect(args.use_rollout_logprobs, args.use_tis, args.keep_old_actor)
+        self.correction = corrections.label_in_effect(self.chosen)
         # the built-in TIS whose drop fractions the report shows (none when a hook replaces it)
         self.tis_choice = None if args.custom_tis_function_path else tis_choice(args)
         self._prepared: _PreparedRollout | None = None
@@ -307,14 +308,18 @@ class PolicyTrainer(_TrainProcess):
         off_policy.check_engine_loaded_pushed_weights(
             rollout_id, versions, [s.weight_fingerprint for s in samples], self.pushed_fingerprints
         )
-        if self.args.use_rollout_logprobs or self.args.use_tis:
+        if corrections.needs_rollout_log_probs(self.chosen):
             off_policy.check_rollout_log_probs(
                 rollout_id, [s.rollout_log_probs for s in samples], [s.response_length for s in samples]
             )
         return staleness
 
+    def _check_contract(self, rollout_id: int, staleness: int) -> None:
+        """The async contract on this batch: a stale PPO rollout needs a correction that satisfies it."""
+        off_policy.check_correction_per_batch(rollout_id, staleness, self.args.use_critic, self.chosen)
+
     def _snapshot_log_probs(self, rollout_id: int, samples: list[Sample]) -> Tensors:
-        """--keep-old-actor: the denominator from the snapshot of the version that generated the rollout."""
+        """The snapshot row: the denominator from the snapshot of the version that generated the rollout."""
         version = samples[0].weight_versions[0]
         with self._guard_time():
             snapshot = self.snapshots.take_for_training(version, rollout_id)
@@ -337,10 +342,10 @@ class PolicyTrainer(_TrainProcess):
             return self._forward_log_probs(self.model, samples)
 
     def _recomputed_old_log_probs(self, rollout_id: int, samples: list[Sample]) -> Tensors | None:
-        """The recompute pass: snapshot weights (--keep-old-actor), the current actor, or skipped."""
+        """The recompute pass: snapshot weights (the snapshot row), the current actor, or skipped."""
         if self.snapshots is not None:
             return self._snapshot_log_probs(rollout_id, samples)
-        if self.args.use_rollout_logprobs and not self.args.get_mismatch_metrics:
+        if corrections.denominator(self.chosen) == corrections.ROLLOUT and not self.args.get_mismatch_metrics:
             return None  # the engine's log-probs are the denominator: no recompute pass
         return self._forward_log_probs(self.model, samples)
 
@@ -366,10 +371,7 @@ class PolicyTrainer(_TrainProcess):
         samples = rollout.samples
         with self._guard_time():
             staleness = self._check_provenance(rollout_id, samples, expected_staleness)
-            if not self.allows_uncorrected_stale_ppo:
-                off_policy.check_correction_per_batch(
-                    rollout_id, max(staleness), self.args.use_critic, self.args.use_rollout_logprobs,
-                    self.args.use_tis, self.args.keep_old_actor)
+            self._check_contract(rollout_id, max(staleness))
         loss_masks = _as_tensors(sample.loss_mask for sample in samples)
         rollout_log_probs = _as_tensors(sample.rollout_log_probs for sample in samples)
         old_log_probs = self._recomputed_old_log_probs(rollout_id, samples)

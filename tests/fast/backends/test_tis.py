@@ -14,7 +14,8 @@ import torch
 
 from miles.backends.training_utils.loss import LossConfig, policy_loss, step_divisor
 from miles.backends.training_utils.loss_hub import corrections
-from miles.backends.training_utils.tis import TIS_LEVELS, TIS_MODES, TISChoice, opsm_keep, tis_weights
+from miles.backends.training_utils.tis import TISChoice, opsm_keep, tis_weights
+from miles.config.corrections import TIS_LEVELS, TIS_MODES
 from miles.utils.errors import MilesConfigError
 
 TOL = 1e-6

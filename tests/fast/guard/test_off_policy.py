@@ -1,6 +1,6 @@
 """The runtime guard's pure functions (miles/guard/off_policy.py) against simulations and hand-computed values.
 
-The async loop is simulated here from its order alone (DESIGN.md §3, train_async.py), never from the formula:
+The async loop is simulated here from its order alone (docs/design.md §2, train_async.py), never from the formula:
 push the weights after ``start`` rollouts as version 1; start generating rollout ``start``; then for each k, start
 generating k+1, train on k, and when (k+1) % N == 0 drain the in-flight generation and push the trained weights.
 A rollout's behavior weights are the ones most recently pushed when its generation started. ``pytest -s`` prints
@@ -8,6 +8,7 @@ the upstream two-slot queue's uncorrected rollouts, so that test doubles as docu
 """
 
 import math
+from types import SimpleNamespace
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -26,12 +27,12 @@ from miles.guard.off_policy import (
     check_snapshot_count,
     check_snapshot_provenance,
     check_staleness,
-    correction_in_effect,
     denominator_vs_behavior,
     expected_staleness,
     policy_vs_behavior,
     sample_staleness,
 )
+from miles.config.corrections import chosen_labels, label_in_effect
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 
@@ -187,7 +188,7 @@ def test_upstream_two_slot_queue_leaves_rollouts_uncorrected_where_the_snapshot_
     num_rollouts = 12
     rollout_ids = range(num_rollouts)
     # Under upstream's queue the denominator of rollout k ≥ 1 is W_{k−1}, exact only where d(k) = 1, with
-    # d(k) = ((k − 1) mod N) + 1 (DESIGN.md §3), written out here rather than taken from expected_staleness.
+    # d(k) = ((k − 1) mod N) + 1 (docs/design.md §2), written out here rather than taken from expected_staleness.
     expected_uncorrected = {
         1: [],
         2: [k for k in range(2, num_rollouts) if k % 2 == 0],
@@ -393,7 +394,7 @@ def test_policy_vs_behavior_hand_computed():
     assert policy_vs_behavior(same, roll) == {"policy_behavior_abs_diff": 0.0, "policy_behavior_kl": 0.0}
 
 
-# ---------------------------------------------------------------- correction_in_effect
+# ---------------------------------------------------------------- the label in effect (the corrections table)
 
 
 @pytest.mark.parametrize(
@@ -405,17 +406,18 @@ def test_policy_vs_behavior_hand_computed():
         (False, True, True, "keep_old_actor+tis"),
         (True, False, False, "rollout_logprobs"),
         (True, False, True, "rollout_logprobs+keep_old_actor(metrics)"),
-        (True, True, False, "rollout_logprobs"),
-        (True, True, True, "rollout_logprobs+keep_old_actor(metrics)"),
     ],
 )
-def test_correction_in_effect(use_rollout_logprobs, use_tis, keep_old_actor, label):
-    assert correction_in_effect(use_rollout_logprobs, use_tis, keep_old_actor) == label
-    if use_rollout_logprobs and use_tis:
-        # The label drops --use-tis only because no run can reach it: the parser refuses the pair.
-        argv = ["--use-rollout-logprobs", "--use-tis"] + (["--keep-old-actor"] if keep_old_actor else [])
-        with pytest.raises(MilesConfigError, match="exclude each other"):
-            parse_args(argv=argv)
+def test_the_label_in_effect(use_rollout_logprobs, use_tis, keep_old_actor, label):
+    args = SimpleNamespace(use_rollout_logprobs=use_rollout_logprobs, use_tis=use_tis, keep_old_actor=keep_old_actor)
+    assert label_in_effect(chosen_labels(args)) == label
+
+
+@pytest.mark.parametrize("keep_old_actor", [False, True])
+def test_no_run_reaches_rollout_logprobs_with_tis(keep_old_actor):
+    argv = ["--use-rollout-logprobs", "--use-tis"] + (["--keep-old-actor"] if keep_old_actor else [])
+    with pytest.raises(MilesConfigError, match="exclude each other"):
+        parse_args(argv=argv)
 
 
 # ---------------------------------------------------------------- E_roll[π_old / π_roll] = 1

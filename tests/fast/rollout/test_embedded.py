@@ -72,7 +72,7 @@ def test_build_is_deterministic_and_leaves_global_rng_alone(tmp_path, embedded):
 
 
 def test_warmup_start_accuracy_is_low_but_not_zero(embedded, engine):
-    """DESIGN.md §5: the SFT stops early (about 10 % sampled accuracy), so RL has something to show. The model is
+    """docs/design.md §5: the SFT stops early (about 10 % sampled accuracy), so RL has something to show. The model is
     trained on the machine that runs the test, and where its 50 steps land depends on that CPU's float arithmetic
     (40 steps gave about 7 %, 70 about 19 %), so the bounds are what the design needs rather than one machine's
     number: rewards to learn from (at least 2 %: a few correct samples in every 128-sample rollout, against well

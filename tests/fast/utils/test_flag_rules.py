@@ -1,4 +1,4 @@
-"""Every numeric flag has a range, checked by parse_args before anything else (miles/utils/flag_rules.py)."""
+"""Every numeric flag has a range, checked by parse_args before anything else (miles/config/flag_rules.py)."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 from miles.utils.arguments import build_parser, parse_args
 from miles.utils.errors import MilesConfigError
-from miles.utils.flag_rules import FLAG_RULES, PATH_FLAGS, SEED_MAX, Range, flag_name
+from miles.config.flag_rules import FLAG_RULES, PATH_FLAGS, SEED_MAX, Range, flag_name
 
 
 def _numeric_actions() -> dict[str, type]:

@@ -1,4 +1,4 @@
-"""What training_run checks in the driver process before Ray starts (miles/utils/preflight.py), on real files."""
+"""What training_run checks in the driver process before Ray starts (miles/ray/preflight.py), on real files."""
 
 import errno
 import json
@@ -11,10 +11,10 @@ import torch
 
 from miles.backends.training_utils import checkpoint
 from miles.models.hf import load_causal_lm
-from miles.utils import preflight as preflight_module
+from miles.ray import preflight as preflight_module
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError
-from miles.utils.preflight import check_rollouts_left, preflight
+from miles.ray.preflight import check_rollouts_left, preflight
 
 
 def _args(embedded, tmp_path: Path, *argv: str):

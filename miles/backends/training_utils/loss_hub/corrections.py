@@ -22,14 +22,13 @@ the built-in of --tis-mode / --tis-level / --rs-level / --rs-veto-threshold (the
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
 from miles.backends.training_utils.loss_hub.math_utils import pad_samples, valid_positions
 from miles.backends.training_utils.tis import TISChoice, bounded_weights, level_ratio, tis_weights
-from miles.utils.errors import MilesConfigError
+from miles.config.hooks import load_function
 
 BUILTIN_PREFIX = __name__  # "miles.backends.training_utils.loss_hub.corrections"
 
@@ -109,19 +108,4 @@ def load_tis_function(path: str | None):
     ``configured_tis_function`` when ``path`` is None. A bad path is a ``MilesConfigError`` naming it."""
     if path is None:
         return configured_tis_function
-    module_name, _, function_name = path.replace(":", ".").rpartition(".")
-    fix = (f"Pass a dotted path package.module.function importable from the run's Python path, e.g. "
-           f"--custom-tis-function-path {BUILTIN_PREFIX}.icepop_function")
-    if not module_name or not function_name:
-        raise MilesConfigError(f"--custom-tis-function-path is {path!r}, but it must name a module and a function "
-                               f"in it. {fix}.")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise MilesConfigError(f"--custom-tis-function-path is {path!r}, but its module {module_name!r} cannot be "
-                               f"imported ({error}). {fix}.") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise MilesConfigError(f"--custom-tis-function-path is {path!r}, but module {module_name!r} has no function "
-                               f"{function_name!r}. {fix}.")
-    return function
+    return load_function("--custom-tis-function-path", path, f"{BUILTIN_PREFIX}.icepop_function")

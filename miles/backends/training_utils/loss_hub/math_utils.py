@@ -1,4 +1,4 @@
-"""Pure tensor math of the policy, value and advantage losses (DESIGN.md §3, §6), at upstream's path and names.
+"""Pure tensor math of the policy, value and advantage losses (docs/design.md §3, §7), at upstream's path and names.
 
 Tensors and scalars in, tensors out: no ``args``, no global state (the GAE reads the context-parallel layout through
 ``cp_utils``, as upstream's does). Per-token functions take any shape and treat the last dimension as the token

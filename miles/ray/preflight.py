@@ -18,8 +18,8 @@ from miles.backends.training_utils import checkpoint
 from miles.models.hf import check_hf_checkpoint, load_tokenizer
 from miles.rollout.data_source import load_prompt_data
 from miles.rollout.prompt_tokens import encode_prompts
+from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
-from miles.rollout.sglang_args import check_sglang_server_args
 from miles.utils.errors import MilesConfigError
 
 # Prompt files within both limits are tokenized up front: about one second of one CPU core even for the embedded
@@ -35,9 +35,7 @@ def preflight(args) -> int:
     Returns the number of training prompts.
     """
     check_hf_checkpoint(args.hf_checkpoint)
-    if args.rollout_backend == "sglang":
-        args.sglang_server_args = check_sglang_server_args(
-            getattr(args, "sglang_words", []), args.hf_checkpoint, cuda=torch.cuda.is_available())
+    engine_class(args.rollout_backend).preflight(args)
     if args.train_backend == "megatron":
         check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
                                tensor_parallel_size=args.tensor_model_parallel_size)

@@ -6,16 +6,17 @@ default, and the defaults train the embedded default (a tiny model on digit addi
 upstream, it is listed in ``miles/conformance/departures.toml`` (rendered into ``--help`` and the docs, and checked
 against upstream's own parser: docs/conformance.md).
 
-Validation and derived values live in ``miles/utils/arguments.py``; this module only declares flags, so it
-imports nothing heavy.
+Validation and derived values live in ``miles/config/arguments.py``; this module only declares flags, so it
+imports nothing heavy. The correction flags come from the corrections table (``miles/config/corrections.py``).
 """
 
 import argparse
 
-from miles.backends import TRAIN_BACKENDS
 from miles.conformance.departures import help_lines
+from miles.config import corrections
 
-ROLLOUT_BACKENDS = ("torch", "sglang")
+TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each
+ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.engine.ENGINES starts each
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("algorithm")
@@ -82,30 +83,15 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
 def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """The behavior-policy corrections (docs/async_off_policy_contract.md) and the runtime guard's bounds."""
     group = parser.add_argument_group("off-policy correction and runtime guard")
-    group.add_argument(
-        "--use-rollout-logprobs",
-        action="store_true",
-        help="Behavior-policy correction: use the rollout engine's log-probs as the PPO ratio denominator "
-        "(skips the recompute pass). Excludes --use-tis.",
-    )
-    group.add_argument(
-        "--use-tis",
-        action="store_true",
-        help="Behavior-policy correction: truncated importance sampling, re-weighting the per-token loss by "
-        "clamp(pi_old/pi_rollout, --tis-clip-low, --tis-clip).",
-    )
+    for row in corrections.CORRECTIONS:
+        group.add_argument(row.flag, action="store_true",
+                           help=f"Behavior-policy correction: {row.does}{row.help_tail}")
     group.add_argument("--tis-clip", type=float, default=2.0, help="Upper bound of the TIS weight. (default: %(default)s)")
     group.add_argument("--tis-clip-low", type=float, default=0.0, help="Lower bound of the TIS weight. (default: %(default)s)")
     group.add_argument(
         "--get-mismatch-metrics",
         action="store_true",
         help="Report the TIS weight metrics (tis, tis_clipfrac, tis_abs, ois) without applying TIS.",
-    )
-    group.add_argument(
-        "--keep-old-actor",
-        action="store_true",
-        help="Behavior-policy correction: recompute the ratio denominator with the exact weights the rollout "
-        "engines used (a snapshot per pushed weight version).",
     )
     group.add_argument(
         "--keep-old-actor-tol",
@@ -131,10 +117,6 @@ def add_off_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# The names of the TIS modes and levels, here so the parser needs no torch; the math (training_utils/tis.py) and
-# the loss's check read the same tuples.
-TIS_MODES = ("truncate", "clip", "mask")
-TIS_LEVELS = ("token", "sequence", "geometric")
 
 def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
     """How --use-tis weights or masks the loss, upstream's TIS hook, and OPSM (docs/corrections.md)."""
@@ -145,7 +127,7 @@ def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tis-mode",
-        choices=TIS_MODES,
+        choices=corrections.TIS_MODES,
         default="clip",
         help="How --use-tis bounds the ratio r: truncate w = min(r, --tis-clip); clip w = clamp(r, --tis-clip-low, "
         "--tis-clip) (upstream's vanilla TIS); mask: tokens with r outside [--tis-clip-low, --tis-clip] leave the "
@@ -153,14 +135,14 @@ def add_tis_variant_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tis-level",
-        choices=TIS_LEVELS,
+        choices=corrections.TIS_LEVELS,
         default="token",
         help="Where --use-tis takes the ratio: per token r = exp(old - roll); per sequence r = exp(sum of the token "
         "log ratios); geometric r = exp(their mean). Needs --use-tis. (default: %(default)s)",
     )
     group.add_argument(
         "--rs-level",
-        choices=TIS_LEVELS,
+        choices=corrections.TIS_LEVELS,
         default=None,
         help="Rejection sampling under --use-tis: drop the tokens whose ratio at this level lies outside "
         "[--rs-lower-bound, --rs-upper-bound] (e.g. geometric with bounds 0.99 and 1.01: SkyRL's geometric "

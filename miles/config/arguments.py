@@ -1,0 +1,361 @@
+"""Argument parsing, validation, and the async off-policy contract.
+
+``parse_args`` builds the parser from the topic groups in ``miles/config/flags.py`` and runs
+``miles_validate_args``, which derives the values upstream derives and enforces upstream's rules, one small
+function per rule. ``validate_async_off_policy_correction`` is the contract ``train_async.py`` checks before
+anything else (docs/async_off_policy_contract.md).
+
+Importing this module imports no torch, ray, transformers, sglang or megatron: a rejected launch costs about
+as much as starting Python.
+"""
+
+import argparse
+import sys
+
+from miles.backends.training_utils.lr_schedule import check_lr_schedules
+from miles.ranks.layout import check_rank_layout
+from miles.rollout.sglang_words import split_sglang_words
+from miles.config import corrections, flags
+from miles.config.flag_rules import check_flag_values, flag_name
+from miles.config.hooks import load_function
+from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
+
+
+def contract_message() -> str:
+    """The contract's error, its list of corrections from the table (``miles.config.corrections``)."""
+    return (
+        "Async PPO training requires an explicit behavior-policy correction: the async loop generates rollout k+1 "
+        "before the weights trained on rollout k are pushed, so every rollout is stale by at least one update, and "
+        "by default the PPO ratio denominator is recomputed by the current actor, a policy that never generated the "
+        f"trajectory. Pass one of:\n{corrections.contract_choices()}\n"
+        "Every --tis-mode, --tis-level, --rs-* choice and --custom-tis-function-path is a form of --use-tis and needs "
+        "it. --use-opsm alone is not a correction: its 'old' is still the current actor's, so it never sees the "
+        "staleness.\n"
+        "Or train synchronously with train.py. Check launch scripts with `miles-check SCRIPT.sh` "
+        "(docs/async_off_policy_contract.md)."
+    )
+
+
+ASYNC_PPO_CORRECTION_MESSAGE = contract_message()  # the message for the table as shipped
+
+
+def validate_async_off_policy_correction(args) -> None:
+    """Refuse async PPO (``args.use_critic``) unless one behavior-policy correction is chosen.
+
+    Reads exactly ``use_critic`` and, for PPO, the flag of each row of the corrections table that satisfies the
+    contract (``use_rollout_logprobs``, ``use_tis`` and the snapshot one: docs/corrections.md). Every TIS variant
+    (--tis-mode, --tis-level, --rs-level, --rs-veto-threshold, --custom-tis-function-path) counts, because each is
+    applied only under --use-tis (``_check_tis_choices`` refuses them without it) and each re-weights or masks by
+    π_old/π_rollout, the behavior policy's own probabilities. --use-opsm does not count: it masks by the mean
+    (old − current) log ratio, whose "old" is the ratio's denominator, the current actor's unless one of the three
+    changes it, so alone it measures 0 staleness and corrects nothing (docs/corrections.md). Critic-free
+    estimators (GRPO, GSPO, REINFORCE++) return at once: upstream's compatibility choice, not a claim that they
+    are safe (their data is just as stale; they get a warning and the run-time report instead).
+    Raised explicitly (not ``assert``) so ``python -O`` cannot switch the contract off.
+    """
+    if not args.use_critic:
+        return
+    if not any(getattr(args, row.dest) for row in corrections.contract_corrections()):
+        raise AsyncOffPolicyCorrectionError(contract_message())
+
+
+def check_async_colocation(args) -> None:
+    """Async training overlaps generation with training, so the engines cannot share the actor's resources."""
+    if args.colocate:
+        raise MilesConfigError(
+            "--colocate is set, but train_async.py overlaps generation with training, so rollout engines cannot "
+            "share the actor's resources. Drop --colocate, or train synchronously with train.py --colocate."
+        )
+
+
+def check_async_max_weight_staleness(args) -> None:
+    """The async loop's worst case is --update-weights-interval rollouts of staleness (d(k) peaks at N)."""
+    if args.max_weight_staleness is not None and args.update_weights_interval > args.max_weight_staleness:
+        fix = (
+            f"Pass --update-weights-interval {args.max_weight_staleness} or less."
+            if args.max_weight_staleness >= 1
+            else "Train synchronously with train.py (never stale), or allow at least 1."
+        )
+        raise MilesConfigError(
+            f"--max-weight-staleness {args.max_weight_staleness} cannot hold: train_async.py with "
+            f"--update-weights-interval {args.update_weights_interval} trains on data up to "
+            f"{args.update_weights_interval} rollouts stale. {fix}"
+        )
+
+
+def async_staleness_warning(args) -> str | None:
+    """The one startup warning for async runs that upstream exempts from the contract (critic-free, no correction)."""
+    if args.use_critic or corrections.chosen(args):
+        return None
+    return (
+        f"async {args.advantage_estimator} runs without a behavior-policy correction: its data is as stale as "
+        "async PPO's (every rollout after the first is at least one update old) and its ratio is anchored to the "
+        "current actor. It is accepted for upstream compatibility; add "
+        f"{corrections.suggested_fix(corrections.SUGGESTED_FIRST_CRITIC_FREE)} to correct it. The off_policy/* "
+        "metrics show the drift."
+    )
+
+
+correction_combination_note = corrections.combination_note  # the name callers import from here
+
+
+def get_miles_extra_args_provider(add_custom_arguments=None):
+    """Return ``add_miles_arguments(parser)``, which adds every miles flag group (upstream's hook name)."""
+
+    def add_miles_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        flags.add_algorithm_arguments(parser)
+        flags.add_off_policy_arguments(parser)
+        flags.add_tis_variant_arguments(parser)
+        flags.add_loop_arguments(parser)
+        flags.add_optimizer_arguments(parser)
+        flags.add_backend_arguments(parser)
+        flags.add_parallel_arguments(parser)
+        flags.add_rollout_arguments(parser)
+        flags.add_checkpoint_and_logging_arguments(parser)
+        if add_custom_arguments is not None:
+            add_custom_arguments(parser)
+        return parser
+
+    return add_miles_arguments
+
+
+def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="miles: RL post-training (PPO, GRPO, GSPO, REINFORCE++) for causal language models.",
+        epilog=flags.help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return get_miles_extra_args_provider(add_custom_arguments)(parser)
+
+
+def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``.
+
+    The ``--sglang-*`` words (SGLang's server arguments) are set aside as ``args.sglang_words``, unparsed: the
+    preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
+    argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser(add_custom_arguments).parse_args(argv)
+    args.sglang_words = sglang_words
+    miles_validate_args(args)
+    return args
+
+
+def miles_validate_args(args) -> None:
+    """Derive what upstream derives and enforce upstream's rules.
+
+    Never rewrites a value the user set: derived values only fill flags left at ``None``, and each one is
+    recorded in ``args.derived`` (``train()`` logs them once, after logging is configured), beside ``args.notes``:
+    what the chosen combination of corrections means.
+    """
+    check_flag_values(args)  # first: derived values must not be filled from a value out of range
+    args.derived = []
+    _derive(args, "use_critic", args.advantage_estimator == "ppo", f"--advantage-estimator {args.advantage_estimator}")
+    _fill(args, "eps_clip_high", args.eps_clip, "--eps-clip")
+    _fill(args, "critic_lr", args.lr, "--lr")
+    _fill(args, "critic_load", args.load, "--load")
+    _fill(args, "critic_save", args.save, "--save")
+    _fill(args, "critic_num_nodes", args.actor_num_nodes, "--actor-num-nodes")
+    _fill(args, "critic_num_gpus_per_node", args.actor_num_gpus_per_node, "--actor-num-gpus-per-node")
+    _fill(args, "n_samples_per_eval_prompt", args.n_samples_per_prompt, "--n-samples-per-prompt")
+    _fill(args, "eval_temperature", args.rollout_temperature, "--rollout-temperature")
+    _fill(args, "eval_max_response_len", args.rollout_max_response_len, "--rollout-max-response-len")
+    _check_eval_sampling(args)
+    _derive_batch_sizes(args)
+    _check_corrections(args)
+    args.notes = [note] if (note := corrections.combination_note(args)) else []
+    _check_kl(args)
+    _check_estimator_requirements(args)
+    _check_checkpointing(args)
+    _check_rollout_backend(args)
+    check_rank_layout(args)
+    apply_custom_config(args)
+    # Last: it reads --num-rollout, which miles-check may not know. With --num-epoch, --num-rollout is derived from
+    # the data, and the schedule is checked then (miles.ray.run).
+    if args.num_epoch is None:
+        check_lr_schedules(args)
+
+
+def _derive(args, name: str, value, reason: str) -> None:
+    setattr(args, name, value)
+    args.derived.append(f"{name} = {value!r} ({reason})")
+
+
+def _fill(args, name: str, value, source: str) -> None:
+    if getattr(args, name) is None and value is not None:
+        _derive(args, name, value, f"from {source}")
+
+
+def _derive_batch_sizes(args) -> None:
+    """global_batch_size * num_steps_per_rollout must equal the samples of one rollout (upstream's rule)."""
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.num_steps_per_rollout is None and args.global_batch_size is None:
+        _derive(args, "num_steps_per_rollout", 1, "neither it nor --global-batch-size was given")
+    if args.num_steps_per_rollout is not None:
+        steps = args.num_steps_per_rollout
+        if samples % steps:
+            raise MilesConfigError(
+                f"--num-steps-per-rollout {steps} does not divide the {samples} samples of a rollout "
+                f"(--rollout-batch-size {args.rollout_batch_size} x --n-samples-per-prompt "
+                f"{args.n_samples_per_prompt}). Pick a divisor of {samples}."
+            )
+        if args.global_batch_size is not None and args.global_batch_size != samples // steps:
+            raise MilesConfigError(
+                f"--global-batch-size {args.global_batch_size} contradicts --num-steps-per-rollout {steps}: a "
+                f"rollout has {samples} samples, so {steps} steps take {samples // steps} samples each. Pass only "
+                "one of the two."
+            )
+        _fill(args, "global_batch_size", samples // steps, "--num-steps-per-rollout")
+        return
+    if samples % args.global_batch_size:
+        raise MilesConfigError(
+            f"--global-batch-size {args.global_batch_size} does not divide the {samples} samples of a rollout "
+            f"(--rollout-batch-size x --n-samples-per-prompt). Pick a divisor of {samples}."
+        )
+    _derive(args, "num_steps_per_rollout", samples // args.global_batch_size, "from --global-batch-size")
+
+
+def _check_corrections(args) -> None:
+    exclusion = corrections.exclusion_error(corrections.chosen_labels(args))
+    if exclusion is not None:
+        raise MilesConfigError(exclusion)
+    if args.tis_clip <= args.tis_clip_low:
+        raise MilesConfigError(
+            f"--tis-clip-low {args.tis_clip_low} and --tis-clip {args.tis_clip} must satisfy "
+            "0 <= --tis-clip-low < --tis-clip. Pass e.g. --tis-clip-low 0 --tis-clip 2."
+        )
+    _check_tis_choices(args)
+
+
+TIS_HOOK_EXAMPLES = "miles.backends.training_utils.loss_hub.corrections"  # the built-in hooks' module
+
+TIS_CHOICE_DEFAULTS = {"tis_mode": "clip", "tis_level": "token", "rs_level": None, "rs_lower_bound": None,
+                       "rs_upper_bound": None, "rs_veto_threshold": None}
+
+
+def _check_tis_choices(args) -> None:
+    """The TIS variants act only under --use-tis, one way at a time: a choice that would do nothing is refused."""
+    chosen = [flag_name(dest) for dest, default in TIS_CHOICE_DEFAULTS.items() if getattr(args, dest) != default]
+    hook = args.custom_tis_function_path
+    if not args.use_tis and (chosen or hook is not None):
+        named = chosen + (["--custom-tis-function-path"] if hook is not None else [])
+        raise MilesConfigError(
+            f"{', '.join(named)} set without --use-tis, but these choose how --use-tis re-weights the loss and do "
+            "nothing without it. Add --use-tis, or drop them (docs/corrections.md)."
+        )
+    if hook is not None and chosen:
+        raise MilesConfigError(
+            f"--custom-tis-function-path {hook} replaces the built-in TIS, so {', '.join(chosen)} would be ignored. "
+            "Drop them, or drop --custom-tis-function-path to use the built-in."
+        )
+    if args.tis_mode == "truncate" and args.tis_clip_low > 0:
+        raise MilesConfigError(
+            f"--tis-mode truncate has no lower bound, but --tis-clip-low is {args.tis_clip_low}. Use --tis-mode clip "
+            "to bound the weight on both sides, or drop --tis-clip-low."
+        )
+    if args.rs_level is None and (args.rs_lower_bound is not None or args.rs_upper_bound is not None):
+        raise MilesConfigError("--rs-lower-bound/--rs-upper-bound are set without --rs-level, which they bound. "
+                               "Add e.g. --rs-level geometric, or drop them.")
+    low = args.tis_clip_low if args.rs_lower_bound is None else args.rs_lower_bound
+    high = args.tis_clip if args.rs_upper_bound is None else args.rs_upper_bound
+    if args.rs_level is not None and not low < high:
+        raise MilesConfigError(
+            f"the --rs-level band [{low}, {high}] (--rs-lower-bound, --rs-upper-bound, default --tis-clip-low and "
+            "--tis-clip) is empty or a point. Pass e.g. --rs-lower-bound 0.99 --rs-upper-bound 1.01."
+        )
+    if hook is not None:  # a bad path fails here, before anything starts
+        load_function("--custom-tis-function-path", hook, f"{TIS_HOOK_EXAMPLES}.icepop_function")
+
+
+def apply_custom_config(args) -> None:
+    """--custom-config-path FILE.yaml: each key of the file's mapping becomes an attribute of ``args`` (upstream's
+    rule), for custom functions to read (e.g. a TIS hook's ``tis_batch_normalize``).
+
+    Applied after miles' checks of the command line, so a key may not change what miles already decided: a key
+    naming an attribute ``args`` has (a flag, or a value miles derived) must equal it, except the built-in TIS's
+    own settings (``TIS_CHOICE_DEFAULTS``) under --custom-tis-function-path, which replaces the built-in: there they
+    configure the hook, as in upstream's examples."""
+    path = args.custom_config_path
+    if path is None:
+        return
+    import yaml
+
+    try:
+        with open(path) as file:
+            data = yaml.safe_load(file) or {}
+    except OSError as error:
+        raise MilesConfigError(f"--custom-config-path {path} cannot be read ({error.strerror}). Pass an existing "
+                               "YAML file of name: value lines.") from None
+    except yaml.YAMLError as error:
+        raise MilesConfigError(f"--custom-config-path {path} is not valid YAML ({' '.join(str(error).split())}). "
+                               "Pass a YAML file of name: value lines.") from None
+    if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
+        raise MilesConfigError(f"--custom-config-path {path} holds a {type(data).__name__}, but it must be a mapping "
+                               "of names to values (name: value lines).")
+    hook_settings = set(TIS_CHOICE_DEFAULTS) if args.custom_tis_function_path is not None else set()
+    for key, value in data.items():
+        if hasattr(args, key) and key not in hook_settings and getattr(args, key) != value:
+            raise MilesConfigError(
+                f"--custom-config-path {path} sets {key}: {value!r}, but the command line makes it {getattr(args, key)!r} "
+                f"and the file may only add settings for custom functions. Pass {flag_name(key)} on the command line."
+            )
+    for key, value in data.items():
+        setattr(args, key, value)
+        args.derived.append(f"{key} = {value!r} (from --custom-config-path)")
+
+
+def _check_kl(args) -> None:
+    if args.kl_coef != 0 and args.kl_loss_coef != 0:
+        raise MilesConfigError(
+            f"--kl-coef {args.kl_coef} and --kl-loss-coef {args.kl_loss_coef} are both non-zero, but only one KL "
+            "penalty may be active: the reward-shaping one (--kl-coef) or the loss term (--use-kl-loss "
+            "--kl-loss-coef). Set the other to 0."
+        )
+    if args.kl_coef != 0 and args.advantage_estimator in ("grpo", "gspo"):
+        raise MilesConfigError(
+            f"--kl-coef is {args.kl_coef}, but --advantage-estimator {args.advantage_estimator} has no per-token "
+            "reward to fold a KL penalty into. Use a KL loss instead: "
+            f"--use-kl-loss --kl-loss-coef {args.kl_coef}."
+        )
+    if args.use_critic and args.kl_coef != 0:
+        raise MilesConfigError(
+            f"--kl-coef is {args.kl_coef}, but PPO requires --kl-coef 0 (upstream's rule). Use a KL loss instead: "
+            f"--use-kl-loss --kl-loss-coef {args.kl_coef}."
+        )
+
+
+def _check_estimator_requirements(args) -> None:
+    if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
+        raise MilesConfigError(
+            f"--advantage-estimator {args.advantage_estimator} requires --normalize-advantages (REINFORCE++ "
+            "whitens its returns over the batch). Add --normalize-advantages."
+        )
+
+
+def _check_rollout_backend(args) -> None:
+    words = getattr(args, "sglang_words", [])
+    if words and args.rollout_backend != "sglang":
+        raise MilesConfigError(
+            f"{words[0]} is an SGLang server argument, but --rollout-backend is {args.rollout_backend!r}, whose "
+            "engines would ignore it. Add --rollout-backend sglang, or drop the --sglang-* flags."
+        )
+
+
+def _check_eval_sampling(args) -> None:
+    """Top-p / top-k are refused, not ignored: the engines sample from the whole tempered softmax, the distribution
+    whose log-probs the trainer defines, and have no truncation to apply."""
+    for flag, value, no_op in (("--eval-top-p", args.eval_top_p, 1.0), ("--eval-top-k", args.eval_top_k, -1)):
+        if value is not None and value != no_op:
+            raise MilesConfigError(
+                f"{flag} is {value}, but miles' rollout engines sample from the whole softmax at the temperature "
+                f"(the distribution the trainer's log-probs are defined on) and support no top-p or top-k "
+                f"truncation, so the evaluation would not be the one asked for. Drop {flag} (or pass {no_op}), and "
+                "use --eval-temperature to sharpen the evaluation."
+            )
+
+
+def _check_checkpointing(args) -> None:
+    if args.save_interval is not None and args.save is None:
+        raise MilesConfigError(
+            f"--save-interval {args.save_interval} is set without --save, so there is nowhere to save. Add "
+            "--save FOLDER, or drop --save-interval."
+        )
