@@ -21,13 +21,16 @@ from miles.config.hooks import load_function
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 
-def contract_message() -> str:
-    """The contract's error, its list of corrections from the table (``miles.config.corrections``)."""
+def contract_message(args=None) -> str:
+    """The contract's error, its list of corrections from the table (``miles.config.corrections``), and why a row
+    set on ``args`` that does not satisfy the contract is not one."""
+    not_one = "".join(f"{row.flag} is set, but it is not one: {row.why}.\n" for row in corrections.CORRECTIONS
+                      if not row.satisfies_contract and args is not None and getattr(args, row.dest, False))
     return (
         "Async PPO training requires an explicit behavior-policy correction: the async loop generates rollout k+1 "
         "before the weights trained on rollout k are pushed, so every rollout is stale by at least one update, and "
         "by default the PPO ratio denominator is recomputed by the current actor, a policy that never generated the "
-        f"trajectory. Pass one of:\n{corrections.contract_choices()}\n"
+        f"trajectory. Pass one of:\n{corrections.contract_choices()}\n{not_one}"
         "Every --tis-mode, --tis-level, --rs-* choice and --custom-tis-function-path is a form of --use-tis and needs "
         "it. --use-opsm alone is not a correction: its 'old' is still the current actor's, so it never sees the "
         "staleness.\n"
@@ -56,7 +59,7 @@ def validate_async_off_policy_correction(args) -> None:
     if not args.use_critic:
         return
     if not any(getattr(args, row.dest) for row in corrections.contract_corrections()):
-        raise AsyncOffPolicyCorrectionError(contract_message())
+        raise AsyncOffPolicyCorrectionError(contract_message(args))
 
 
 def check_async_colocation(args) -> None:

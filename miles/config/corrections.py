@@ -66,8 +66,7 @@ CORRECTIONS: tuple[Correction, ...] = (
         does="truncated importance sampling re-weights the loss by pi_old/pi_rollout, capped at --tis-clip",
         why="the weight pi_old/pi_rollout carries the loss from the current actor back to the behavior policy",
         panels=("tis_raw_std", "tis_clip_fraction", *_DROPS, *_DRIFT, "staleness_max"),
-        help_tail=": clamp(pi_old/pi_rollout, --tis-clip-low, --tis-clip) per token, or a --tis-mode/--tis-level "
-                  "variant.",
+        help_tail=" (and from below at --tis-clip-low), per token; --tis-mode and --tis-level choose a variant.",
     ),
     Correction(
         label="keep_old_actor", dest="keep_old_actor", denominator=SNAPSHOT, needs_rollout_log_probs=False,

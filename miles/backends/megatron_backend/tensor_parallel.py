@@ -61,11 +61,6 @@ def shard_state(whole: Mapping[str, torch.Tensor], dims: Mapping[str, int], rank
             for name, tensor in whole.items()}
 
 
-def unshard_state(shards: list[Mapping[str, object]], dims: Mapping[str, int], vocab_size: int) -> dict[str, object]:
-    return {name: unshard_tensor(name, [shard[name] for shard in shards], dims[name], vocab_size) if name in dims
-            else value for name, value in shards[0].items()}
-
-
 def gather_state(native: Mapping[str, object], dims: Mapping[str, int], vocab_size: int, group) -> dict[str, object]:
     """The whole state from this rank's shards: one all-gather per tensor-parallel parameter over ``group`` (every
     rank of the group must call it, with its own shards of the same names)."""

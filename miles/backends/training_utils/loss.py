@@ -357,13 +357,3 @@ def value_loss(
     losses, clipfrac = compute_value_loss(new_values, old_values, returns, cfg.value_clip)
     loss = tokens.reduce(losses, cfg.calculate_per_token_loss, step_divisor)
     return loss, {"value_loss": tokens.metric(losses), "value_clipfrac": tokens.metric(clipfrac)}
-
-
-def sft_loss(
-    batch: dict, log_probs: list[torch.Tensor], step_divisor: float, per_token: bool = False
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Negative log-likelihood of the response tokens: −reduce(log_probs) / step_divisor. Metric: loss."""
-    tokens = _Tokens.of(batch["loss_masks"])
-    lp = tokens.pad(log_probs, "log_probs")
-    loss = -tokens.reduce(lp, per_token, step_divisor)
-    return loss, {"loss": -tokens.metric(lp)}

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from miles.backends.training_utils.loss import (
     LossConfig,
     policy_loss,
-    sft_loss,
     step_divisor,
     value_loss,
 )
@@ -345,10 +344,7 @@ def test_micro_batching_gives_the_same_accumulated_gradient(seed, per_token, est
     def critic(mb_batch, outputs, mb_divisor):
         return value_loss(cfg, mb_batch, outputs[2], mb_divisor)[0]
 
-    def sft(mb_batch, outputs, mb_divisor):
-        return sft_loss(mb_batch, outputs[0], mb_divisor, per_token=per_token)[0]
-
-    for loss_fn in (policy, critic, sft):
+    for loss_fn in (policy, critic):
         full = accumulated_gradient(loss_fn, features, batch, 8, divisor)
         assert full.abs().sum() > 0
         for micro_batch_size in (1, 3):
@@ -413,15 +409,6 @@ def test_value_loss_hand_computed():
     # d/dv of (v − R)² / 2 tokens / divisor 4 where the unclipped term wins; 0 on the masked token
     torch.testing.assert_close(values[0].grad, torch.tensor([2 * 1.0 / 2 / 4, 2 * (0.5 - 1.0) / 2 / 4, 0.0]))
     torch.testing.assert_close(values[1].grad, torch.tensor([2 * (0.0 - 1.0) / 4]))
-
-
-def test_sft_loss_is_the_mean_negative_log_likelihood():
-    batch = {"loss_masks": [torch.tensor([1, 1, 0]), torch.tensor([1])]}
-    log_probs = [torch.tensor([-1.0, -3.0, NAN]), torch.tensor([-4.0])]
-    loss, metrics = sft_loss(batch, log_probs, step_divisor=2.0)
-    assert loss.item() == pytest.approx((2.0 + 4.0) / 2) and metrics == {"loss": pytest.approx(3.0)}
-    loss, _ = sft_loss(batch, log_probs, step_divisor=3.0, per_token=True)
-    assert loss.item() == pytest.approx(8.0 / 3.0)
 
 
 def test_missing_or_mismatched_inputs_are_named():

@@ -87,8 +87,9 @@ def test_a_row_that_does_not_satisfy_the_contract_is_refused_by_the_validator_an
         label="mask_only", dest="use_mask_only", denominator=corrections.CURRENT, needs_rollout_log_probs=False,
         satisfies_contract=False, does="masks sequences", why="its ratio is still the current actor's", panels=())
     monkeypatch.setattr(corrections, "CORRECTIONS", (*corrections.CORRECTIONS, mask_only))
-    with pytest.raises(AsyncOffPolicyCorrectionError):
+    with pytest.raises(AsyncOffPolicyCorrectionError) as caught:
         validate_async_off_policy_correction(_ppo(use_mask_only=True))
+    assert "--use-mask-only is set, but it is not one: its ratio is still the current actor's." in str(caught.value)
     assert "--use-mask-only" not in contract_message()
     with pytest.raises(OffPolicyGuardError, match="in effect: mask_only"):
         check_correction_per_batch(3, 1, True, ("mask_only",))

@@ -8,10 +8,16 @@ from miles.backends.megatron_backend.tensor_parallel import (
     padded_vocab_size,
     shard_state,
     shard_tensor,
-    unshard_state,
+    unshard_tensor,
 )
 
 VOCAB = 15
+
+
+def unshard_state(shards, dims, vocab_size):
+    """The whole state from every rank's shards, in one process (the run gathers them with ``gather_state``)."""
+    return {name: unshard_tensor(name, [shard[name] for shard in shards], dims[name], vocab_size) if name in dims
+            else value for name, value in shards[0].items()}
 
 
 def _whole() -> dict[str, torch.Tensor]:
