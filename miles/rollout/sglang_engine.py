@@ -26,7 +26,7 @@ import torch
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_tokenizer
 from miles.rollout import sglang_shims
-from miles.rollout.engine import build_sample, check_generate_args, eos_token_id_of
+from miles.rollout.engine import GeneratedRow, build_sample, check_generate_args, eos_token_id_of
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.sglang_args import engine_kwargs
 from miles.rollout.sglang_layout import check_held_weights, sglang_digests
@@ -144,7 +144,7 @@ class SGLangRolloutEngine:
                                       f"{REPORT_BUG}")
 
     def generate(self, prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int,
-                 seed: int) -> list:
+                 seed: int, sampling: dict | None = None) -> list:
         """Sample ``n_samples_per_prompt`` responses per prompt, in prompt order (the torch engine's contract).
         ``seed`` is not used: SGLang samples from the engine's seeded generator (docs/sglang.md, "Seeds")."""
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
@@ -156,21 +156,23 @@ class SGLangRolloutEngine:
         outputs = self.engine.generate(input_ids=rows, sampling_params=sampling, return_logprob=True)
         samples = []
         for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):
-            tokens, log_probs, version = self._response(output)
-            samples.append(build_sample(self.tokenizer, self.eos_token_id, prompts[index // n_samples_per_prompt],
-                                        index, n_samples_per_prompt, [version], self.weight_fingerprint, row,
-                                        tokens, log_probs))
+            generated, version = self._response(output)
+            samples.append(build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index,
+                                        n_samples_per_prompt, [version], self.weight_fingerprint, row, generated))
         return samples
 
-    def _response(self, output: dict) -> tuple[list[int], list[float], int]:
-        """(tokens, their log-probs, the weight version SGLang stamped) of one generation."""
+    def _response(self, output: dict) -> tuple[GeneratedRow, int]:
+        """(the generated row, the weight version SGLang stamped) of one generation; it stopped if SGLang's
+        ``finish_reason`` says a stop token or string ended it (else the length did)."""
         tokens, meta = list(output["output_ids"]), output["meta_info"]
         entries = meta["output_token_logprobs"]  # (logprob, token_id, None) per generated token
         if [entry[1] for entry in entries] != tokens:
             raise RolloutEngineError(f"{self.name}: SGLang returned log-probs of tokens {[e[1] for e in entries]} "
                                      f"for the generated tokens {tokens}. {REPORT_BUG}")
         stamped = meta["weight_version"]  # "default" before the first update
-        return tokens, [float(entry[0]) for entry in entries], 0 if stamped == "default" else int(stamped)
+        stopped = (meta.get("finish_reason") or {}).get("type") == "stop"
+        row = GeneratedRow(tokens, [float(entry[0]) for entry in entries], None, stopped)
+        return row, 0 if stamped == "default" else int(stamped)
 
     def shutdown(self) -> None:
         self.engine.shutdown()
