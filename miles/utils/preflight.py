@@ -19,7 +19,7 @@ from miles.models.hf import check_hf_checkpoint, load_tokenizer
 from miles.rollout.data_source import load_prompt_data
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.rm import get_reward_fn
-from miles.rollout.sglang_args import check_sglang_server_args
+from miles.rollout.sglang_args import check_kv_capacity, check_sglang_server_args, max_request_tokens
 from miles.utils.errors import MilesConfigError
 
 # Prompt files within both limits are tokenized up front: about one second of one CPU core even for the embedded
@@ -158,5 +158,8 @@ def check_prompts_fit(args, prompt_files: list[tuple[str, str, list[dict]]]) -> 
     max_positions = getattr(config, "max_position_embeddings", None)
     for flag, path, items in prompt_files:
         texts = [item["prompt"] for item in items]
-        encode_prompts(tokenizer, texts, max_positions, args.rollout_max_response_len,
-                       lambda i: f"{flag} {path!r} prompt {i + 1} ({texts[i]!r})")
+        prompt_ids = encode_prompts(tokenizer, texts, max_positions, args.rollout_max_response_len,
+                                    lambda i: f"{flag} {path!r} prompt {i + 1} ({texts[i]!r})")
+        if args.rollout_backend == "sglang" and prompt_ids:  # SGLang would cut what its KV cache cannot hold
+            check_kv_capacity(prompt_ids, max(args.rollout_max_response_len, args.eval_max_response_len),
+                              max_request_tokens(args.sglang_server_args, torch.cuda.is_available()))

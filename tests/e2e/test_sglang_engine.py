@@ -111,6 +111,34 @@ def test_log_probs_are_the_trainers_and_stamped_with_sglangs_version(engine, hf_
     assert diff <= LOG_PROB_TOL
 
 
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_top_k_log_probs_are_the_renormalized_top_k(engine, hf_model, embedded_cache, top_k):
+    """SGLang's whole-softmax top log-probs, renormalized over the kept set, against a direct top-k computation."""
+    from tests.fast.rollout.test_sampling import _top_k_reference
+
+    handle, _ = engine
+    samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 6), 4, 0.8, 3, 0, {"top_k": top_k}))
+    if top_k == 1:
+        assert all(abs(lp) <= 1e-6 for s in samples for lp in s.rollout_log_probs)
+    reference = _top_k_reference(hf_model, samples, 0.8, top_k)
+    diff = max(abs(a - b) for s, ref in zip(samples, reference) for a, b in zip(s.rollout_log_probs, ref))
+    assert diff <= LOG_PROB_TOL
+    assert all(len(ids) == top_k for s in samples for ids in s.sampling_kept_ids)
+
+
+def test_a_stop_token_ends_a_response_completed_as_sglangs_finish_reason_says(engine, embedded_cache):
+    from miles.utils.types import SampleStatus
+
+    handle, _ = engine
+    seven = 10  # the token "7" of the embedded vocabulary
+    samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 16), 4, 1.5, 4, 0,
+                                             {"stop_token_ids": [seven]}))
+    on_seven = [s for s in samples if s.tokens[-1] == seven]
+    assert on_seven and all(s.status == SampleStatus.COMPLETED for s in on_seven)
+    assert all(seven not in s.tokens[s.prompt_length:-1] for s in samples)
+    assert all(s.status == SampleStatus.COMPLETED or s.response_length == 4 for s in samples)
+
+
 def test_an_update_sglang_refused_stops_with_the_guards_error(engine, hf_model):
     from miles.utils.errors import OffPolicyGuardError
 
