@@ -162,9 +162,8 @@ class SGLangRolloutEngine:
         params = sampling_params(temperature, max_response_len, options)
         per_sample = [dict(params, sampling_seed=(seed + i) % 2**31) for i in range(len(rows))] \
             if self.deterministic else params
-        top = self.config.vocab_size if options.top_k <= 0 else options.top_k  # covers every kept set
         outputs = self.engine.generate(input_ids=rows, sampling_params=per_sample, return_logprob=True,
-                                       top_logprobs_num=top if options.truncates else None)
+                                       top_logprobs_num=top_logprobs_num(options, self.config.vocab_size))
         samples = []
         for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):
             generated, version = self._response(output, options, max_response_len)
@@ -208,6 +207,14 @@ def sampling_params(temperature: float, max_response_len: int, options: Sampling
     return {"temperature": float(temperature), "max_new_tokens": max_response_len, **NEUTRAL_SAMPLING,
             "top_k": options.top_k if options.top_k > 0 else -1, "top_p": options.top_p, "min_p": options.min_p,
             "stop": list(options.stop) or None, "stop_token_ids": list(options.stop_token_ids) or None}
+
+
+def top_logprobs_num(options: SamplingOptions, vocab_size: int) -> int | None:
+    """How many top log-probs SGLang returns per token: enough to cover every kept set (the top-k, else the whole
+    vocabulary), never more than the vocabulary (SGLang's scheduler dies on a topk out of range); None: no filter."""
+    if not (options.truncates and options.logprobs == "truncated"):
+        return None
+    return vocab_size if options.top_k <= 0 else min(options.top_k, vocab_size)
 
 
 def truncated_from_top(top_per_token: list, tokens: list[int], options: SamplingOptions,

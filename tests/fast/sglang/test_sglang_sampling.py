@@ -6,7 +6,7 @@ import math
 import pytest
 
 from miles.rollout.sampling import SamplingOptions
-from miles.rollout.sglang_engine import sampling_params, truncated_from_top
+from miles.rollout.sglang_engine import sampling_params, top_logprobs_num, truncated_from_top
 from miles.utils.errors import RolloutEngineError
 
 # A 6-token vocabulary; the distribution of one position, by token id.
@@ -54,3 +54,11 @@ def test_sampling_params_pass_filters_stops_and_neutral_penalties():
     assert params["stop"] == ["7"] and params["stop_token_ids"] == [3]
     assert params["repetition_penalty"] == 1.0 and params["max_new_tokens"] == 5 and params["temperature"] == 0.7
     assert sampling_params(1.0, 3, SamplingOptions())["stop"] is None
+
+
+def test_top_log_probs_cover_the_kept_set_and_never_exceed_the_vocabulary():
+    assert top_logprobs_num(SamplingOptions(), 15) is None
+    assert top_logprobs_num(SamplingOptions(top_k=20, logprobs="full"), 15) is None
+    assert top_logprobs_num(SamplingOptions(top_k=3), 15) == 3
+    assert top_logprobs_num(SamplingOptions(top_k=20), 15) == 15  # 20 would kill SGLang's scheduler
+    assert top_logprobs_num(SamplingOptions(top_p=0.9), 15) == 15
