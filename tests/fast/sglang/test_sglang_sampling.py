@@ -6,7 +6,7 @@ import math
 import pytest
 
 from miles.rollout.sampling import SamplingOptions
-from miles.rollout.sglang_engine import sampling_params, top_logprobs_num, truncated_from_top
+from miles.rollout.sglang_engine import SGLangRolloutEngine, sampling_params, top_logprobs_num, truncated_from_top
 from miles.utils.errors import RolloutEngineError
 
 # A 6-token vocabulary; the distribution of one position, by token id.
@@ -62,3 +62,22 @@ def test_top_log_probs_cover_the_kept_set_and_never_exceed_the_vocabulary():
     assert top_logprobs_num(SamplingOptions(top_k=3), 15) == 3
     assert top_logprobs_num(SamplingOptions(top_k=20), 15) == 15  # 20 would kill SGLang's scheduler
     assert top_logprobs_num(SamplingOptions(top_p=0.9), 15) == 15
+
+
+def _output(tokens, finish):
+    return {"output_ids": tokens, "meta_info": {"output_token_logprobs": [(-0.5, t, None) for t in tokens],
+                                                "finish_reason": finish, "weight_version": "3"}}
+
+
+def test_the_status_is_sglangs_finish_reason_and_a_short_length_is_refused():
+    engine = object.__new__(SGLangRolloutEngine)
+    engine.name = "SGLang rollout engine 0"
+    row, version = engine._response(_output([4, 5], {"type": "stop", "matched": 5}), SamplingOptions(), 4)
+    assert (row.stopped, row.tokens, row.log_probs, version) == (True, [4, 5], [-0.5, -0.5], 3)
+    row, _ = engine._response(_output([4, 5, 6, 7], {"type": "length", "length": 4}), SamplingOptions(), 4)
+    assert not row.stopped
+    with pytest.raises(RolloutEngineError, match=r"ended a response at 2 tokens for 'length', but "
+                                                 r"--rollout-max-response-len is 4: it capped the request"):
+        engine._response(_output([4, 5], {"type": "length", "length": 2}), SamplingOptions(), 4)
+    with pytest.raises(RolloutEngineError, match="finished a request with"):
+        engine._response(_output([4], {"type": "abort", "message": "KV memory"}), SamplingOptions(), 4)
