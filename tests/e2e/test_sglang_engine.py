@@ -126,17 +126,17 @@ def test_top_k_log_probs_are_the_renormalized_top_k(engine, hf_model, embedded_c
     assert all(len(ids) == top_k for s in samples for ids in s.sampling_kept_ids)
 
 
-def test_a_stop_token_ends_a_response_completed_as_sglangs_finish_reason_says(engine, embedded_cache):
+def test_a_stop_token_or_string_ends_a_response_completed_as_sglangs_finish_reason_says(engine, embedded_cache):
     from miles.utils.types import SampleStatus
 
     handle, _ = engine
     seven = 10  # the token "7" of the embedded vocabulary
-    samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 16), 4, 1.5, 4, 0,
-                                             {"stop_token_ids": [seven]}))
-    on_seven = [s for s in samples if s.tokens[-1] == seven]
-    assert on_seven and all(s.status == SampleStatus.COMPLETED for s in on_seven)
-    assert all(seven not in s.tokens[s.prompt_length:-1] for s in samples)
-    assert all(s.status == SampleStatus.COMPLETED or s.response_length == 4 for s in samples)
+    for sampling in ({"stop_token_ids": [seven]}, {"stop": ["7"]}):  # as the torch engine: the stop is kept
+        samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 16), 4, 1.5, 4, 0, sampling))
+        on_seven = [s for s in samples if s.tokens[-1] == seven]
+        assert on_seven and all(s.status == SampleStatus.COMPLETED for s in on_seven)
+        assert all(seven not in s.tokens[s.prompt_length:-1] for s in samples)
+        assert all(s.status == SampleStatus.COMPLETED or s.response_length == 4 for s in samples)
 
 
 def test_an_update_sglang_refused_stops_with_the_guards_error(engine, hf_model):
