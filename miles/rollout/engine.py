@@ -199,16 +199,10 @@ def sample_with_kv_cache(
     for step in range(max_new_tokens):
         log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
         check_finite_sampling(bool(torch.isfinite(log_probs).all()))  # diverged weights: one line, not multinomial's
-        if options.truncates:
-            kept = kept_tokens(log_probs, options.top_p, options.top_k, options.min_p)  # (B, V)
-            sampled_from = renormalized_log_probs(log_probs, kept)  # (B, V)
-            step_kept.append(kept_ids_per_row(kept))
-        else:
-            sampled_from = log_probs
-        tokens = torch.multinomial(sampled_from.exp(), num_samples=1, generator=generator)  # (B, 1)
-        reported = log_probs if options.logprobs == "full" else sampled_from
+        tokens, reported, kept_ids = _sample_step(log_probs, options, generator)  # (B, 1), (B,), per row or None
         step_tokens.append(tokens.squeeze(1))
-        step_log_probs.append(reported.gather(1, tokens).squeeze(1))
+        step_log_probs.append(reported)
+        step_kept.append(kept_ids)
         ends = torch.isin(tokens.squeeze(1), stop_ids)
         if options.stop and decode is not None:
             so_far = torch.stack(step_tokens, dim=1).tolist()
@@ -229,6 +223,19 @@ def sample_with_kv_cache(
         next_positions = next_positions + 1
     return _cut(torch.stack(step_tokens, dim=1), torch.stack(step_log_probs, dim=1), step_kept, lengths, stopped,
                 options.truncates and options.logprobs == "truncated")
+
+
+def _sample_step(log_probs: torch.Tensor, options: SamplingOptions, generator: torch.Generator):
+    """One token per row from log_probs (B, V): (tokens (B, 1), their reported log-probs (B,), kept ids per row or
+    None). Whole softmax: the tokens are drawn from exp(log_probs) exactly as before truncation existed."""
+    if not options.truncates:
+        tokens = torch.multinomial(log_probs.exp(), num_samples=1, generator=generator)
+        return tokens, log_probs.gather(1, tokens).squeeze(1), None
+    kept = kept_tokens(log_probs, options.top_p, options.top_k, options.min_p)  # (B, V)
+    sampled_from = renormalized_log_probs(log_probs, kept)  # (B, V)
+    tokens = torch.multinomial(sampled_from.exp(), num_samples=1, generator=generator)
+    reported = log_probs if options.logprobs == "full" else sampled_from
+    return tokens, reported.gather(1, tokens).squeeze(1), kept_ids_per_row(kept)
 
 
 def _prefill(

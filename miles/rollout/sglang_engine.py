@@ -2,9 +2,12 @@
 with the interface and the guarantees of the torch engine (docs/sglang.md).
 
 - Log-probs: SGLang's sampled-token log-probs are log softmax(logits / temperature)[token] (its sampler's standard
-  path), the trainer's definition, as long as no top-k / top-p / min-p filter, penalty or
-  ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is in play: every sampling parameter is passed explicitly at its neutral value,
-  and the preflight refuses the environment variable (``miles.rollout.sglang_args``).
+  path), the trainer's definition, as long as no penalty or ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is in play: every
+  sampling parameter is passed explicitly, penalties at their neutral value, and the preflight refuses the
+  environment variable (``miles.rollout.sglang_args``). Under top-k / top-p / min-p SGLang still returns that
+  whole-softmax log-prob: the engine renormalizes it over the kept set, rebuilt from the top log-probs it asks for
+  (``truncated_from_top``), and keeps the kept ids on the sample for the trainer (docs/sampling.md).
+- Stops and truncation: SGLang's ``finish_reason``; a "length" shorter than asked is refused (SGLang capped it).
 - One weight version per sample: a Ray actor runs one call at a time, so no push lands inside ``generate``; before
   each update the cache is flushed, polled until SGLang accepts (it refuses while requests are pending).
 - The update goes through ``update_weights_from_tensor`` between ``begin_weight_update`` and
