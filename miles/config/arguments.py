@@ -162,7 +162,8 @@ def miles_validate_args(args) -> None:
     _fill(args, "n_samples_per_eval_prompt", args.n_samples_per_prompt, "--n-samples-per-prompt")
     _fill(args, "eval_temperature", args.rollout_temperature, "--rollout-temperature")
     _fill(args, "eval_max_response_len", args.rollout_max_response_len, "--rollout-max-response-len")
-    _check_eval_sampling(args)
+    _fill(args, "eval_top_p", args.rollout_top_p, "--rollout-top-p")
+    _fill(args, "eval_top_k", args.rollout_top_k, "--rollout-top-k")
     _derive_batch_sizes(args)
     _check_corrections(args)
     args.notes = [note] if (note := corrections.combination_note(args)) else []
@@ -341,19 +342,6 @@ def _check_rollout_backend(args) -> None:
             f"{words[0]} is an SGLang server argument, but --rollout-backend is {args.rollout_backend!r}, whose "
             "engines would ignore it. Add --rollout-backend sglang, or drop the --sglang-* flags."
         )
-
-
-def _check_eval_sampling(args) -> None:
-    """Top-p / top-k are refused, not ignored: the engines sample from the whole tempered softmax, the distribution
-    whose log-probs the trainer defines, and have no truncation to apply."""
-    for flag, value, no_op in (("--eval-top-p", args.eval_top_p, 1.0), ("--eval-top-k", args.eval_top_k, -1)):
-        if value is not None and value != no_op:
-            raise MilesConfigError(
-                f"{flag} is {value}, but miles' rollout engines sample from the whole softmax at the temperature "
-                f"(the distribution the trainer's log-probs are defined on) and support no top-p or top-k "
-                f"truncation, so the evaluation would not be the one asked for. Drop {flag} (or pass {no_op}), and "
-                "use --eval-temperature to sharpen the evaluation."
-            )
 
 
 def _check_checkpointing(args) -> None:

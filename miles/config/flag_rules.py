@@ -133,8 +133,12 @@ FLAG_RULES: dict[str, Range] = {
     "n_samples_per_eval_prompt": AT_LEAST_ONE,
     "eval_temperature": Range(low=0, low_open=True, example="1.0"),
     "eval_max_response_len": AT_LEAST_ONE,
-    "eval_top_p": Range(low=0, high=1, low_open=True, example="1.0"),
-    "eval_top_k": Range(low=-1, example="-1", why="-1 means no top-k"),
+    "rollout_top_p": Range(low=0, high=1, low_open=True, example="1.0", why="1.0 keeps every token"),
+    "rollout_top_k": Range(low=-1, example="-1", why="-1 or 0 means no top-k"),
+    "rollout_min_p": Range(low=0, high=1, example="0.0", why="0 means no min-p"),
+    "rollout_stop_token_ids": Range(low=0, example="2", why="token ids count from 0"),
+    "eval_top_p": Range(low=0, high=1, low_open=True, example="1.0", why="1.0 keeps every token"),
+    "eval_top_k": Range(low=-1, example="-1", why="-1 or 0 means no top-k"),
     # checkpoints and logging
     "save_interval": AT_LEAST_ONE,
     "eval_interval": Range(low=0, example="25", why="0 disables evaluation"),
@@ -142,7 +146,7 @@ FLAG_RULES: dict[str, Range] = {
 }
 
 # Flags that name a file or folder: an empty string would mean the current folder (or nothing at all).
-PATH_FLAGS = ("hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "load", "critic_load", "save",
+PATH_FLAGS = ("save_debug_rollout_data", "hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "load", "critic_load", "save",
               "critic_save", "log_dir", "wandb_dir")
 
 
@@ -150,18 +154,23 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _check_value(dest: str, rule: Range, value) -> None:
+    if isinstance(value, (int, float)) and not rule.holds(value):
+        flag = flag_name(dest)
+        why = f" ({rule.why})" if rule.why else ""
+        raise MilesConfigError(
+            f"{flag} is {value!r}, but it must be {rule.describe(value)}{why}. Pass e.g. {flag} {rule.example}."
+        )
+
+
 def check_flag_values(args) -> None:
     """Refuse the first numeric flag outside its range and the first empty path flag (see the module docstring)."""
     # Only values of the types argparse produces are judged: miles-check passes a placeholder for a flag whose value
     # is an unresolved shell word, and one unknown value must not stop the checks of every other flag.
     for dest, rule in FLAG_RULES.items():
-        value = getattr(args, dest, None)
-        if isinstance(value, (int, float)) and not rule.holds(value):
-            flag = flag_name(dest)
-            why = f" ({rule.why})" if rule.why else ""
-            raise MilesConfigError(
-                f"{flag} is {value!r}, but it must be {rule.describe(value)}{why}. Pass e.g. {flag} {rule.example}."
-            )
+        values = getattr(args, dest, None)
+        for value in values if isinstance(values, list) else [values]:  # nargs="+" flags: each value
+            _check_value(dest, rule, value)
     for dest in PATH_FLAGS:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():

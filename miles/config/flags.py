@@ -389,16 +389,31 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-max-response-len", type=int, default=None,
         help="Most new tokens per evaluation response. (default: --rollout-max-response-len)",
     )
-    group.add_argument(
-        "--eval-top-p", type=float, default=None,
-        help="Not supported: the torch engine samples from the whole tempered softmax (only 1.0 is accepted). "
-        "(default: off)",
-    )
-    group.add_argument(
-        "--eval-top-k", type=int, default=None,
-        help="Not supported: the torch engine samples from the whole tempered softmax (only -1 is accepted). "
-        "(default: off)",
-    )
+    # Truncated sampling and stops (docs/sampling.md): the behavior log-prob is that of the distribution sampled.
+    group.add_argument("--rollout-top-p", type=float, default=1.0,
+                       help="Top-p (nucleus) sampling threshold during rollout; 1.0 keeps every token. (default: %(default)s)")
+    group.add_argument("--rollout-top-k", type=int, default=-1,
+                       help="Top-k sampling threshold during rollout; -1 (or 0) means disabled. (default: %(default)s)")
+    group.add_argument("--rollout-min-p", type=float, default=0.0,
+                       help="Min-p sampling threshold during rollout (keep p >= min_p * max p); 0 means disabled. "
+                       "(default: %(default)s)")
+    group.add_argument("--rollout-stop", type=str, nargs="+", default=None,
+                       help="Stop strings: a response ends (COMPLETED) with the token that completes one. (default: none)")
+    group.add_argument("--rollout-stop-token-ids", type=int, nargs="+", default=None,
+                       help="Stop token ids, besides every eos id of the model. (default: none)")
+    group.add_argument("--sampling-logprobs", choices=("truncated", "full"), default="truncated",
+                       help="Behavior log-probs under top-p/top-k/min-p: 'truncated' = of the renormalized distribution "
+                       "the token was drawn from, and the trainer recomputes under the same kept set (exact); 'full' = "
+                       "of the whole softmax, upstream's behavior, biased (the ratio misses the kept mass). "
+                       "(default: %(default)s)")
+    group.add_argument("--eval-top-p", type=float, default=None,
+                       help="Top-p of evaluation sampling. (default: --rollout-top-p)")
+    group.add_argument("--eval-top-k", type=int, default=None,
+                       help="Top-k of evaluation sampling. (default: --rollout-top-k)")
+    group.add_argument("--save-debug-rollout-data", type=str, default=None,
+                       help="Save each rollout's samples (Sample.to_dict(): tokens, response_length, rollout_log_probs, "
+                       "weight_versions, status, ...) with torch.save to this path; '{rollout_id}' in it is replaced "
+                       "by the rollout id. (default: off)")
     group.add_argument("--rm-type", default="math_exact", help="Built-in rule reward. (default: %(default)s)")
     group.add_argument(
         "--custom-rm-path",

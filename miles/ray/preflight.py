@@ -156,5 +156,7 @@ def check_prompts_fit(args, prompt_files: list[tuple[str, str, list[dict]]]) -> 
     max_positions = getattr(config, "max_position_embeddings", None)
     for flag, path, items in prompt_files:
         texts = [item["prompt"] for item in items]
-        encode_prompts(tokenizer, texts, max_positions, args.rollout_max_response_len,
-                       lambda i: f"{flag} {path!r} prompt {i + 1} ({texts[i]!r})")
+        prompt_ids = encode_prompts(tokenizer, texts, max_positions, args.rollout_max_response_len,
+                                    lambda i: f"{flag} {path!r} prompt {i + 1} ({texts[i]!r})")
+        if prompt_ids:
+            engine_class(args.rollout_backend).check_prompt_capacity(args, prompt_ids)

@@ -83,12 +83,12 @@ class RolloutManager:
         self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}  # the slowest engine's
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
-                temperature: float, max_response_len: int) -> list[Sample]:
+                temperature: float, max_response_len: int, sampling: dict) -> list[Sample]:
         shares = _split(prompts, len(self.engines))
         futures = [
             engine.generate.remote(
                 share, n_samples, temperature, max_response_len,
-                rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, index),
+                rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, index), sampling,
             )
             for index, (engine, share) in enumerate(zip(self.engines, shares, strict=True))
             if share
@@ -108,7 +108,10 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> tuple[RolloutBatch, dict[str, float]]:
         start = time.perf_counter()
         samples = self._sample(self.data_source.get_prompts(rollout_id), self.args.n_samples_per_prompt, rollout_id, 0,
-                               self.args.rollout_temperature, self.args.rollout_max_response_len)
+                               self.args.rollout_temperature, self.args.rollout_max_response_len,
+                               sampling_options(self.args, self.args.rollout_top_p, self.args.rollout_top_k))
+        if self.args.save_debug_rollout_data:
+            save_debug_rollout_data(self.args.save_debug_rollout_data, rollout_id, samples)
         rewards = [sample.reward for sample in samples]
         metrics = {
             "rollout/reward_mean": sum(rewards) / len(rewards),
@@ -130,10 +133,32 @@ class RolloutManager:
             return {}
         samples = self._sample(self.eval_prompts, self.args.n_samples_per_eval_prompt, rollout_id, seed_offset=1,
                                temperature=self.args.eval_temperature,
-                               max_response_len=self.args.eval_max_response_len)
+                               max_response_len=self.args.eval_max_response_len,
+                               sampling=sampling_options(self.args, self.args.eval_top_p, self.args.eval_top_k))
+        if self.args.save_debug_rollout_data:
+            save_debug_rollout_data(self.args.save_debug_rollout_data, rollout_id, samples, evaluation=True)
         return {"eval/accuracy": sum(sample.reward for sample in samples) / len(samples),
                 "eval/num_samples": len(samples),
                 "eval/response_length_mean": sum(sample.response_length for sample in samples) / len(samples)}
+
+
+def sampling_options(args, top_p: float, top_k: int) -> dict:
+    """The engines' ``SamplingOptions`` fields (``miles.rollout.sampling``) as a plain dict: the manager imports no
+    torch, and Ray sends a dict as it is."""
+    return {"top_p": top_p, "top_k": top_k, "min_p": args.rollout_min_p, "stop": list(args.rollout_stop or ()),
+            "stop_token_ids": list(args.rollout_stop_token_ids or ()), "logprobs": args.sampling_logprobs}
+
+
+def save_debug_rollout_data(path_template: str, rollout_id: int, samples: list[Sample], evaluation: bool = False) -> str:
+    """Upstream's ``--save-debug-rollout-data`` file: ``torch.save({"rollout_id", "samples": [Sample.to_dict()]})``
+    at the template with ``{rollout_id}`` filled in (``eval_<id>`` for an evaluation), so the log-probs can be
+    checked from outside."""
+    import torch  # only with the flag: the manager's process otherwise never loads torch
+
+    path = path_template.format(rollout_id=("eval_" if evaluation else "") + str(rollout_id))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save({"rollout_id": rollout_id, "samples": [sample.to_dict() for sample in samples]}, path)
+    return path
 
 
 def create_rollout_manager(args, placement: Placement):

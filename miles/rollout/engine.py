@@ -2,9 +2,11 @@
 
 For each sampled token it returns log softmax(logits / temperature)[token], the definition the trainer uses for
 its own log-probs, so a full forward pass of the same weights over prompt + response reproduces them to ~1e-6.
-Departures from ``model.generate`` (on purpose): no top-k / top-p (HF's default top_k=50 would make the
-rollout log-probs disagree with the trainer's), temperature applied once to the logits that are both sampled
-from and scored, and prompts left-padded with an explicit attention mask and position ids.
+Under ``--rollout-top-k/-top-p/-min-p`` it returns the log-prob of the renormalized distribution it sampled from
+and the kept ids per token, under which the trainer recomputes (``miles.rollout.sampling``, docs/sampling.md).
+Departures from ``model.generate`` (on purpose): no implicit top-k (HF's default top_k=50 would make the rollout
+log-probs disagree with the trainer's), temperature applied once to the logits that are both sampled from and
+scored, and prompts left-padded with an explicit attention mask and position ids.
 
 A plain class; the Ray layer makes it an actor. One engine pins its process to ``num_threads`` torch threads.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -21,8 +25,28 @@ from miles.guard.divergence import check_finite_sampling
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_causal_lm, load_tokenizer
 from miles.rollout.prompt_tokens import encode_prompts
+from miles.rollout.sampling import (
+    WHOLE_SOFTMAX,
+    SamplingOptions,
+    kept_ids_per_row,
+    kept_tokens,
+    renormalized_log_probs,
+)
 from miles.utils.errors import MilesConfigError
 from miles.utils.types import Sample, SampleStatus
+
+
+class GeneratedRow(NamedTuple):
+    """One generated response: its tokens, their behavior log-probs, the kept ids per token (truncated sampling
+    with truncated log-probs, else None), and whether a stop token or string ended it (else the length did)."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    kept_ids: list[list[int]] | None
+    stopped: bool
+
+
+Generated = list[GeneratedRow]
 
 
 class TorchRolloutEngine:
@@ -34,6 +58,10 @@ class TorchRolloutEngine:
     @classmethod
     def preflight(cls, args) -> None:
         """Nothing of its own to check: the model folder is checked for every backend."""
+
+    @classmethod
+    def check_prompt_capacity(cls, args, prompt_ids: list[list[int]]) -> None:
+        """Nothing to add: ``encode_prompts`` already fits each prompt and its response to the model's positions."""
 
     @classmethod
     def init_args(cls, args, index: int) -> tuple:
@@ -51,6 +79,7 @@ class TorchRolloutEngine:
         self.model = load_causal_lm(hf_checkpoint)
         self.tokenizer = load_tokenizer(hf_checkpoint)
         self.eos_token_id = eos_token_id_of(self.tokenizer, self.model.config, hf_checkpoint)
+        self.eos_token_ids = eos_token_ids_of(self.eos_token_id, hf_checkpoint)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.eos_token_id  # padded positions are masked out
         self.weight_version = 0
@@ -89,34 +118,40 @@ class TorchRolloutEngine:
         temperature: float,
         max_response_len: int,
         seed: int,
+        sampling: dict | None = None,
     ) -> list[Sample]:
         """Sample ``n_samples_per_prompt`` responses for each ``{"prompt": str, "label": str}``, in prompt order
         (the samples of prompt i are contiguous, ``group_index`` i), reproducibly for the same seeds and weights.
+        ``sampling``: the ``SamplingOptions`` fields (top-p, top-k, min-p, stops, log-prob mode) as a plain dict.
 
-        A response stops after ``<eos>`` (included, COMPLETED) or after ``max_response_len`` tokens (TRUNCATED).
+        A response stops after a stop token (every eos id of the model, and ``stop_token_ids``) or a stop string,
+        included (COMPLETED), or after ``max_response_len`` tokens (TRUNCATED).
         """
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
+        options = sampling_options(sampling, self.model.config.vocab_size)
         prompt_ids = self._encode_prompts(prompts, max_response_len)
         version_at_start = self.weight_version
         generator = torch.Generator().manual_seed(_mix_seeds(self.seed, seed))
         with torch.inference_mode():
-            response_ids, response_log_probs = sample_with_kv_cache(
+            generated = sample_with_kv_cache(
                 self.model,
                 prompt_ids,
                 n_samples_per_prompt,
                 self.pad_token_id,
-                self.eos_token_id,
+                self.eos_token_ids | set(options.stop_token_ids),
                 temperature,
                 max_response_len,
                 generator,
+                options,
+                lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True),
             )
         # Both versions, should a weight load ever land mid-generation: the runtime guard then refuses the samples.
         versions = sorted({version_at_start, self.weight_version})
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         return [
-            build_sample(self.tokenizer, self.eos_token_id, prompts[index // n_samples_per_prompt], index,
-                         n_samples_per_prompt, versions, self.weight_fingerprint, *row)
-            for index, row in enumerate(zip(rows, response_ids, response_log_probs, strict=True))
+            build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index, n_samples_per_prompt,
+                         versions, self.weight_fingerprint, prompt_tokens, row)
+            for index, (prompt_tokens, row) in enumerate(zip(rows, generated, strict=True))
         ]
 
     def _encode_prompts(self, prompts: list[dict], max_response_len: int) -> list[list[int]]:
@@ -126,19 +161,17 @@ class TorchRolloutEngine:
 
 def build_sample(
     tokenizer,
-    eos_token_id: int,
     item: dict,
     index: int,
     n_samples_per_prompt: int,
     weight_versions: list[int],
     weight_fingerprint: float | None,
     prompt_tokens: list[int],
-    tokens: list[int],
-    log_probs: list[float],
+    row: GeneratedRow,
 ) -> Sample:
-    """One rollout sample of prompt ``item`` (every engine builds its samples here): COMPLETED if the response ends
-    with ``<eos>``, else TRUNCATED; the loss mask covers every response token, ``<eos>`` included."""
-    completed = bool(tokens) and tokens[-1] == eos_token_id
+    """One rollout sample of prompt ``item`` (every engine builds its samples here): COMPLETED if a stop token or
+    string ended the response, else TRUNCATED; the loss mask covers every response token, the stop included."""
+    tokens = row.tokens
     return Sample(
         group_index=index // n_samples_per_prompt,
         index=index,
@@ -147,11 +180,12 @@ def build_sample(
         tokens=prompt_tokens + tokens,
         response_length=len(tokens),
         response=tokenizer.decode(tokens, skip_special_tokens=True),
-        loss_mask=[1] * len(tokens),  # <eos> included: it is an action the policy took
-        rollout_log_probs=log_probs,
+        loss_mask=[1] * len(tokens),  # the stop included: it is an action the policy took
+        rollout_log_probs=row.log_probs,
         weight_versions=weight_versions,
         weight_fingerprint=weight_fingerprint,
-        status=SampleStatus.COMPLETED if completed else SampleStatus.TRUNCATED,
+        status=SampleStatus.COMPLETED if row.stopped else SampleStatus.TRUNCATED,
+        sampling_kept_ids=row.kept_ids,
     )
 
 
@@ -160,32 +194,45 @@ def sample_with_kv_cache(
     prompt_rows: list[list[int]],
     n_samples_per_prompt: int,
     pad_token_id: int,
-    eos_token_id: int,
+    stop_token_ids: set[int],
     temperature: float,
     max_new_tokens: int,
     generator: torch.Generator,
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample ``n_samples_per_prompt`` rows per prompt (row i belongs to prompt i // n) until ``<eos>`` or
-    ``max_new_tokens``; return each row's tokens and their log-probs.
+    options: SamplingOptions = WHOLE_SOFTMAX,
+    decode: Callable[[list[int]], str] | None = None,
+) -> Generated:
+    """Sample ``n_samples_per_prompt`` rows per prompt (row i belongs to prompt i // n) until a stop token, a stop
+    string (``options.stop``, matched in ``decode(tokens)``) or ``max_new_tokens``.
 
-    Per step t: lp_t = log_softmax(logits_t / temperature) (B, V); token_t ~ Categorical(exp(lp_t)); the log-prob
-    of token_t is lp_t[token_t]. Each prompt is prefilled once and its KV cache repeated n times. Prompts are
-    left-padded; padded positions get attention mask 0 and position ids count only real tokens, so every row
-    sees exactly what it would see alone. A finished row keeps being fed (its outputs are dropped) so the batch
-    stays rectangular; the loop ends when every row has finished.
+    Per step t: lp_t = log_softmax(logits_t / temperature) (B, V). Whole softmax: token_t ~ Categorical(exp(lp_t)),
+    its log-prob lp_t[token_t]. Truncated (``options.truncates``): K_t = kept_tokens(lp_t), q_t = lp_t renormalized
+    over K_t, token_t ~ Categorical(exp(q_t)), its log-prob q_t[token_t] (or lp_t[token_t] with
+    ``options.logprobs == "full"``), and K_t's ids are kept per row. Each prompt is prefilled once and its KV cache
+    repeated n times. Prompts are left-padded; padded positions get attention mask 0 and position ids count only
+    real tokens, so every row sees exactly what it would see alone. A finished row keeps being fed (its outputs are
+    dropped) so the batch stays rectangular; the loop ends when every row has finished.
     """
     cache_kwarg = _cache_kwarg_name(model)
     logits, cache, attention_mask, next_positions = _prefill(model, prompt_rows, n_samples_per_prompt, pad_token_id)
-    finished = torch.zeros(logits.shape[0], dtype=torch.bool)  # (B,)
-    step_tokens, step_log_probs = [], []
+    batch = logits.shape[0]
+    lengths = torch.full((batch,), max_new_tokens, dtype=torch.long)  # (B,) response length once a row stopped
+    stopped = torch.zeros(batch, dtype=torch.bool)  # (B,) ended by a stop token or string (COMPLETED)
+    stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long)
+    step_tokens, step_log_probs, step_kept = [], [], []
     for step in range(max_new_tokens):
         log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
         check_finite_sampling(bool(torch.isfinite(log_probs).all()))  # diverged weights: one line, not multinomial's
-        tokens = torch.multinomial(log_probs.exp(), num_samples=1, generator=generator)  # (B, 1)
+        tokens, reported, kept_ids = _sample_step(log_probs, options, generator)  # (B, 1), (B,), per row or None
         step_tokens.append(tokens.squeeze(1))
-        step_log_probs.append(log_probs.gather(1, tokens).squeeze(1))
-        finished |= tokens.squeeze(1) == eos_token_id
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        step_log_probs.append(reported)
+        step_kept.append(kept_ids)
+        ends = torch.isin(tokens.squeeze(1), stop_ids)
+        if options.stop and decode is not None:
+            so_far = torch.stack(step_tokens, dim=1).tolist()
+            ends |= torch.tensor([any(text in decode(row) for text in options.stop) for row in so_far])
+        newly = ends & ~stopped
+        lengths[newly], stopped = step + 1, stopped | ends
+        if bool(stopped.all()) or step == max_new_tokens - 1:
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)  # (B, P + step + 1)
         out = model(
@@ -197,7 +244,21 @@ def sample_with_kv_cache(
         )
         logits, cache = out.logits[:, -1, :], _cache_of(out)
         next_positions = next_positions + 1
-    return _cut_at_eos(torch.stack(step_tokens, dim=1), torch.stack(step_log_probs, dim=1), eos_token_id)
+    return _cut(torch.stack(step_tokens, dim=1), torch.stack(step_log_probs, dim=1), step_kept, lengths, stopped,
+                options.truncates and options.logprobs == "truncated")
+
+
+def _sample_step(log_probs: torch.Tensor, options: SamplingOptions, generator: torch.Generator):
+    """One token per row from log_probs (B, V): (tokens (B, 1), their reported log-probs (B,), kept ids per row or
+    None). Whole softmax: the tokens are drawn from exp(log_probs) exactly as before truncation existed."""
+    if not options.truncates:
+        tokens = torch.multinomial(log_probs.exp(), num_samples=1, generator=generator)
+        return tokens, log_probs.gather(1, tokens).squeeze(1), None
+    kept = kept_tokens(log_probs, options.top_p, options.top_k, options.min_p)  # (B, V)
+    sampled_from = renormalized_log_probs(log_probs, kept)  # (B, V)
+    tokens = torch.multinomial(sampled_from.exp(), num_samples=1, generator=generator)
+    reported = log_probs if options.logprobs == "full" else sampled_from
+    return tokens, reported.gather(1, tokens).squeeze(1), kept_ids_per_row(kept)
 
 
 def _prefill(
@@ -242,16 +303,15 @@ def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, to
     return input_ids, attention_mask
 
 
-def _cut_at_eos(
-    tokens: torch.Tensor, log_probs: torch.Tensor, eos_token_id: int
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Keep each row up to and including its first ``<eos>``; tokens and log_probs are (B, T)."""
-    token_rows, log_prob_rows = tokens.tolist(), log_probs.tolist()
-    for i, row in enumerate(token_rows):
-        if eos_token_id in row:
-            length = row.index(eos_token_id) + 1
-            token_rows[i], log_prob_rows[i] = row[:length], log_prob_rows[i][:length]
-    return token_rows, log_prob_rows
+def _cut(tokens: torch.Tensor, log_probs: torch.Tensor, step_kept: list[list[list[int]]], lengths: torch.Tensor,
+         stopped: torch.Tensor, with_kept: bool) -> Generated:
+    """Each row up to and including the token that stopped it; tokens and log_probs are (B, T), step_kept[t][row]."""
+    rows = []
+    for row, (token_row, log_prob_row) in enumerate(zip(tokens.tolist(), log_probs.tolist(), strict=True)):
+        length = int(lengths[row])
+        kept = [step_kept[t][row] for t in range(length)] if with_kept else None
+        rows.append(GeneratedRow(token_row[:length], log_prob_row[:length], kept, bool(stopped[row])))
+    return rows
 
 
 def _mix_seeds(engine_seed: int, call_seed: int) -> int:
@@ -291,3 +351,27 @@ def eos_token_id_of(tokenizer, config, hf_checkpoint: str) -> int:
             f"responses could never complete. Set eos_token in the tokenizer (or eos_token_id in config.json)."
         )
     return int(eos)
+
+
+def eos_token_ids_of(eos_token_id: int, hf_checkpoint: str) -> set[int]:
+    """Every eos id SGLang stops on: the tokenizer's, plus generation_config.json's (an int or a list), so both
+    engines stop on the same set (docs/sampling.md)."""
+    from transformers import GenerationConfig
+
+    try:
+        extra = GenerationConfig.from_pretrained(hf_checkpoint).eos_token_id
+    except OSError:  # no generation_config.json
+        extra = None
+    extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+    return {eos_token_id, *map(int, extra)}
+
+
+def sampling_options(sampling: dict | None, vocab_size: int) -> SamplingOptions:
+    """The engine's ``SamplingOptions`` from the manager's plain dict; a stop id outside the vocabulary is refused."""
+    options = SamplingOptions(**{key: tuple(value) if isinstance(value, list) else value
+                                 for key, value in (sampling or {}).items()})
+    outside = [token for token in options.stop_token_ids if not 0 <= token < vocab_size]
+    if outside:
+        raise MilesConfigError(f"--rollout-stop-token-ids {outside}: the model's vocabulary has ids 0..{vocab_size - 1}; "
+                               "pass ids the tokenizer produces.")
+    return options

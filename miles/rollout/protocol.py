@@ -28,6 +28,10 @@ class RolloutEngine(Protocol):
         """Check (and complete on ``args``) the engine's own settings in the driver, before Ray starts."""
 
     @classmethod
+    def check_prompt_capacity(cls, args, prompt_ids: list[list[int]]) -> None:
+        """Refuse, in the preflight, tokenized prompts whose responses the engine would cut short silently."""
+
+    @classmethod
     def init_args(cls, args, index: int) -> tuple:
         """The constructor's arguments for engine ``index`` of the run."""
 

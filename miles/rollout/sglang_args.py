@@ -90,6 +90,14 @@ def check_owned(values: dict, hf_checkpoint: str, cuda: bool) -> None:
         ("dp_size", lambda v: v == 1, "miles runs one data-parallel replica per engine",
          "raise --rollout-num-engines instead"),
         ("pp_size", lambda v: v == 1, "miles checks the weights of one rank per engine", "drop it"),
+        *[(dest, lambda v: False, "the offline engine runs inside a Ray actor and serves no HTTP, so it would mean "
+           "nothing", "drop it") for dest in ("host", "port", "api_key", "admin_api_key")],
+        ("config", lambda v: False, "a config file's options would pass around miles' check of each --sglang-* flag",
+         "pass its options as --sglang-NAME VALUE"),
+        ("enable_deterministic_inference", lambda v: cuda or not v,
+         "SGLang's deterministic inference needs one of its deterministic attention backends (fa3, fa4, flashinfer, "
+         "triton, ...), none of which runs on a CPU (on a GPU each sample gets its own seed from --rollout-seed)",
+         "drop it"),
         ("rl_on_policy_target", lambda v: v is None,
          "it casts the logits to bfloat16 before the log-softmax, so the rollout log-probs are not the trainer's",
          "drop it"),
@@ -127,3 +135,21 @@ def engine_kwargs(hf_checkpoint: str, seed: int, user_values: dict) -> dict:
         kwargs.update(max_total_tokens=DEFAULT_MAX_TOTAL_TOKENS, disable_overlap_schedule=True)
     kwargs.update(user_values)
     return kwargs
+
+
+def max_request_tokens(server_args: dict, cuda: bool) -> int | None:
+    """The most tokens one request can hold in the engine's KV cache: --sglang-max-total-tokens, miles' CPU default,
+    or None where SGLang sizes the cache from a GPU's memory (then its context length is the limit)."""
+    return server_args.get("max_total_tokens", None if cuda else DEFAULT_MAX_TOTAL_TOKENS)
+
+
+def check_kv_capacity(prompt_ids: list[list[int]], max_response_len: int, max_tokens: int | None) -> None:
+    """SGLang caps a request's new tokens at (its KV cache or context) - prompt - 2 without an error
+    (``Scheduler.init_req_max_new_tokens``): refuse prompts whose longest plus the response budget do not fit."""
+    longest = max(len(ids) for ids in prompt_ids)
+    if max_tokens is not None and longest + max_response_len + 2 > max_tokens:
+        raise MilesConfigError(
+            f"--rollout-max-response-len {max_response_len} with a {longest}-token prompt needs "
+            f"{longest + max_response_len + 2} tokens in one SGLang request, but the engine's KV cache holds {max_tokens} "
+            "(--sglang-max-total-tokens); SGLang would cut the responses short silently. Raise "
+            "--sglang-max-total-tokens, or lower --rollout-max-response-len.")

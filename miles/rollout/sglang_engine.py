@@ -2,9 +2,12 @@
 with the interface and the guarantees of the torch engine (docs/sglang.md).
 
 - Log-probs: SGLang's sampled-token log-probs are log softmax(logits / temperature)[token] (its sampler's standard
-  path), the trainer's definition, as long as no top-k / top-p / min-p filter, penalty or
-  ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is in play: every sampling parameter is passed explicitly at its neutral value,
-  and the preflight refuses the environment variable (``miles.rollout.sglang_args``).
+  path), the trainer's definition, as long as no penalty or ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is in play: every
+  sampling parameter is passed explicitly, penalties at their neutral value, and the preflight refuses the
+  environment variable (``miles.rollout.sglang_args``). Under top-k / top-p / min-p SGLang still returns that
+  whole-softmax log-prob: the engine renormalizes it over the kept set, rebuilt from the top log-probs it asks for
+  (``truncated_from_top``), and keeps the kept ids on the sample for the trainer (docs/sampling.md).
+- Stops and truncation: SGLang's ``finish_reason``; a "length" shorter than asked is refused (SGLang capped it).
 - One weight version per sample: a Ray actor runs one call at a time, so no push lands inside ``generate``; before
   each update the cache is flushed, polled until SGLang accepts (it refuses while requests are pending).
 - The update goes through ``update_weights_from_tensor`` between ``begin_weight_update`` and
@@ -26,9 +29,10 @@ import torch
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_tokenizer
 from miles.rollout import sglang_shims
-from miles.rollout.engine import build_sample, check_generate_args, eos_token_id_of
+from miles.rollout.engine import GeneratedRow, build_sample, check_generate_args, eos_token_id_of, sampling_options
+from miles.rollout.sampling import SamplingOptions, kept_tokens, renormalized_log_probs
 from miles.rollout.prompt_tokens import encode_prompts
-from miles.rollout.sglang_args import check_sglang_server_args, engine_kwargs
+from miles.rollout.sglang_args import check_kv_capacity, check_sglang_server_args, engine_kwargs, max_request_tokens
 from miles.rollout.sglang_layout import check_held_weights, sglang_digests
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError, RolloutEngineError
 
@@ -50,6 +54,12 @@ class SGLangRolloutEngine:
         """The ``--sglang-*`` words, checked with SGLang's own parser and kept as ``args.sglang_server_args``."""
         args.sglang_server_args = check_sglang_server_args(
             getattr(args, "sglang_words", []), args.hf_checkpoint, cuda=torch.cuda.is_available())
+
+    @classmethod
+    def check_prompt_capacity(cls, args, prompt_ids: list[list[int]]) -> None:
+        """SGLang caps a request's new tokens at what its KV cache holds, without an error: refuse such prompts."""
+        check_kv_capacity(prompt_ids, max(args.rollout_max_response_len, args.eval_max_response_len),
+                          max_request_tokens(args.sglang_server_args, torch.cuda.is_available()))
 
     @classmethod
     def init_args(cls, args, index: int) -> tuple:
@@ -79,6 +89,8 @@ class SGLangRolloutEngine:
         self.tied_embeddings = bool(getattr(self.config, "tie_word_embeddings", False))
         self.tokenizer = load_tokenizer(hf_checkpoint)
         self.eos_token_id = eos_token_id_of(self.tokenizer, self.config, hf_checkpoint)
+        self.max_request_tokens = max_request_tokens(kwargs, kwargs["device"] == "cuda")
+        self.deterministic = bool(kwargs.get("enable_deterministic_inference"))
         self.weight_version = 0
         self.weight_fingerprint = None  # version 0 (the folder's weights) is never trained on: the push comes first
         self.perf: dict[str, float] = {}
@@ -98,7 +110,7 @@ class SGLangRolloutEngine:
             raise RolloutEngineError(f"{self.name}: SGLang's weight checker failed: {message}")
         if len(ranks) != 1:
             raise RolloutEngineError(f"{self.name}: {len(ranks)} ranks report checksums; miles checks one rank "
-                                     "per engine (--rollout-num-gpus-per-engine 1)")
+                                     "per engine (--sglang-tp-size 1, the default)")
         return dict(ranks[0]["checksums"])
 
     def load_pushed(self, payload: dict) -> tuple[int, str, str]:
@@ -159,34 +171,96 @@ class SGLangRolloutEngine:
                                       f"{REPORT_BUG}")
 
     def generate(self, prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int,
-                 seed: int) -> list:
-        """Sample ``n_samples_per_prompt`` responses per prompt, in prompt order (the torch engine's contract).
-        ``seed`` is not used: SGLang samples from the engine's seeded generator (docs/sglang.md, "Seeds")."""
+                 seed: int, sampling: dict | None = None) -> list:
+        """Sample ``n_samples_per_prompt`` responses per prompt, in prompt order (the torch engine's contract), with
+        the same truncation, stops and behavior log-probs (``miles.rollout.sampling``). ``seed`` seeds each sample
+        (``seed + i``) only under SGLang's deterministic inference; otherwise SGLang samples from the engine's
+        seeded generator (docs/sglang.md, "Seeds")."""
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
+        options = sampling_options(sampling, self.config.vocab_size)
         texts = [item["prompt"] for item in prompts]
         prompt_ids = encode_prompts(self.tokenizer, texts, getattr(self.config, "max_position_embeddings", None),
                                     max_response_len, lambda i: f"prompt {texts[i]!r}")
+        check_kv_capacity(prompt_ids, max_response_len, self.max_request_tokens)
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
-        sampling = {"temperature": float(temperature), "max_new_tokens": max_response_len, **NEUTRAL_SAMPLING}
-        outputs = self.engine.generate(input_ids=rows, sampling_params=sampling, return_logprob=True)
+        params = sampling_params(temperature, max_response_len, options)
+        per_sample = [dict(params, sampling_seed=(seed + i) % 2**31) for i in range(len(rows))] \
+            if self.deterministic else params
+        outputs = self.engine.generate(input_ids=rows, sampling_params=per_sample, return_logprob=True,
+                                       top_logprobs_num=top_logprobs_num(options, self.config.vocab_size))
         samples = []
         for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):
-            tokens, log_probs, version = self._response(output)
-            samples.append(build_sample(self.tokenizer, self.eos_token_id, prompts[index // n_samples_per_prompt],
-                                        index, n_samples_per_prompt, [version], self.weight_fingerprint, row,
-                                        tokens, log_probs))
+            generated, version = self._response(output, options, max_response_len)
+            samples.append(build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index,
+                                        n_samples_per_prompt, [version], self.weight_fingerprint, row, generated))
         return samples
 
-    def _response(self, output: dict) -> tuple[list[int], list[float], int]:
-        """(tokens, their log-probs, the weight version SGLang stamped) of one generation."""
+    def _response(self, output: dict, options: SamplingOptions, max_response_len: int) -> tuple[GeneratedRow, int]:
+        """(the generated row, the weight version SGLang stamped) of one generation; it stopped if SGLang's
+        ``finish_reason`` says a stop token or string ended it, else the length did, and then at the length asked
+        for (a shorter one is SGLang capping the request: refused, never a silent truncation)."""
         tokens, meta = list(output["output_ids"]), output["meta_info"]
         entries = meta["output_token_logprobs"]  # (logprob, token_id, None) per generated token
         if [entry[1] for entry in entries] != tokens:
             raise RolloutEngineError(f"{self.name}: SGLang returned log-probs of tokens {[e[1] for e in entries]} "
                                      f"for the generated tokens {tokens}. {REPORT_BUG}")
+        finish = (meta.get("finish_reason") or {}).get("type")
+        if finish == "length" and len(tokens) != max_response_len:
+            raise RolloutEngineError(
+                f"{self.name}: SGLang ended a response at {len(tokens)} tokens for 'length', but "
+                f"--rollout-max-response-len is {max_response_len}: it capped the request (its KV cache or context "
+                "holds fewer tokens); raise --sglang-max-total-tokens or lower --rollout-max-response-len.")
+        if finish not in ("stop", "length"):
+            raise RolloutEngineError(f"{self.name}: SGLang finished a request with {meta.get('finish_reason')!r}")
+        log_probs, kept_ids = [float(entry[0]) for entry in entries], None
+        if options.truncates and options.logprobs == "truncated":
+            log_probs, kept_ids = truncated_from_top(meta["output_top_logprobs"], tokens, options,
+                                                     self.config.vocab_size)
         stamped = meta["weight_version"]  # "default" before the first update
-        return tokens, [float(entry[0]) for entry in entries], 0 if stamped == "default" else int(stamped)
+        row = GeneratedRow(tokens, log_probs, kept_ids, finish == "stop")
+        return row, 0 if stamped == "default" else int(stamped)
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+
+def sampling_params(temperature: float, max_response_len: int, options: SamplingOptions) -> dict:
+    """SGLang's sampling parameters: every one that changes the log-prob definition is explicit (the model's
+    generation_config.json would otherwise fill the unset ones), the filters and stops are the run's."""
+    return {"temperature": float(temperature), "max_new_tokens": max_response_len, **NEUTRAL_SAMPLING,
+            "top_k": options.top_k if options.top_k > 0 else -1, "top_p": options.top_p, "min_p": options.min_p,
+            "stop": list(options.stop) or None, "stop_token_ids": list(options.stop_token_ids) or None}
+
+
+def top_logprobs_num(options: SamplingOptions, vocab_size: int) -> int | None:
+    """How many top log-probs SGLang returns per token: enough to cover every kept set (the top-k, else the whole
+    vocabulary), never more than the vocabulary (SGLang's scheduler dies on a topk out of range); None: no filter."""
+    if not (options.truncates and options.logprobs == "truncated"):
+        return None
+    return vocab_size if options.top_k <= 0 else min(options.top_k, vocab_size)
+
+
+def truncated_from_top(top_per_token: list, tokens: list[int], options: SamplingOptions,
+                       vocab_size: int) -> tuple[list[float], list[list[int]]]:
+    """The behavior log-prob of each token under the kept set, from SGLang's whole-softmax log-probs of the most
+    likely tokens (``output_top_logprobs``: (logprob, token_id, text) per entry, highest first): the kept set is
+    ``kept_tokens`` on those entries (the rule reads only the sorted top of the distribution), and
+    log q = log p - logsumexp(log p over the kept set). The entries must cover the kept set: all of them kept is
+    refused unless they are the whole vocabulary or the top-k itself."""
+    log_probs, kept_ids = [], []
+    for token, top in zip(tokens, top_per_token, strict=True):
+        top_log_probs = torch.tensor([[float(entry[0]) for entry in top]])  # (1, N)
+        ids = [int(entry[1]) for entry in top]
+        kept = kept_tokens(top_log_probs, options.top_p, options.top_k, options.min_p)  # (1, N)
+        if bool(kept.all()) and len(ids) < vocab_size and len(ids) != options.top_k:
+            raise RolloutEngineError(f"SGLang returned {len(ids)} top log-probs and all are kept: the kept set may "
+                                     f"be larger. {REPORT_BUG}")
+        if token not in ids or not bool(kept[0, ids.index(token)]):
+            raise RolloutEngineError(f"SGLang sampled token {token}, outside the kept set {sorted(ids)} its top "
+                                     f"log-probs give under top-p {options.top_p}, top-k {options.top_k}, min-p "
+                                     f"{options.min_p}. {REPORT_BUG}")
+        log_probs.append(float(renormalized_log_probs(top_log_probs, kept)[0, ids.index(token)]))
+        kept_ids.append(sorted(i for i, k in zip(ids, kept[0].tolist(), strict=True) if k))
+    return log_probs, kept_ids
 

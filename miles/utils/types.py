@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
 
 class SampleStatus(str, enum.Enum):
-    COMPLETED = "completed"  # the response ended with <eos>
+    COMPLETED = "completed"  # the response ended with a stop token (<eos>, a stop id) or a stop string
     TRUNCATED = "truncated"  # the response hit --rollout-max-response-len before <eos>
 
 
@@ -18,7 +19,10 @@ class Sample:
     ``tokens`` is prompt + response (no padding); the response is its last ``response_length`` tokens and
     ends at (and includes) ``<eos>`` when the sample completed. ``loss_mask`` and ``rollout_log_probs`` have
     one entry per response token; ``rollout_log_probs[t]`` is log softmax(logits / temperature) of response
-    token t under the engine's weights, the same definition the trainer uses.
+    token t under the engine's weights, the same definition the trainer uses. Under top-k / top-p / min-p
+    sampling, ``sampling_kept_ids[t]`` lists the token ids the engine kept at response position t and
+    ``rollout_log_probs[t]`` is the log-prob of the distribution renormalized over them; the trainer recomputes its
+    log-probs under that same set (``miles.rollout.sampling``). None: sampled from the whole softmax.
     """
 
     group_index: int  # index of the prompt within the rollout; samples of one prompt are contiguous
@@ -34,6 +38,11 @@ class Sample:
     weight_versions: list[int] = field(default_factory=list)  # engine weight version(s) that sampled it
     weight_fingerprint: str | None = None  # hash of the weights the engine actually loaded (miles.guard.fingerprint)
     status: SampleStatus = SampleStatus.COMPLETED
+    sampling_kept_ids: list[list[int]] | None = None  # per response token: the ids the truncated sampler kept
+
+    def to_dict(self) -> dict:
+        """Plain Python values, as upstream's ``Sample.to_dict`` (``--save-debug-rollout-data``)."""
+        return {**dataclasses.asdict(self), "status": self.status.value}
 
     @property
     def prompt_length(self) -> int:

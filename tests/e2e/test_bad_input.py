@@ -11,7 +11,7 @@ import pytest
 
 import train
 from miles.tracking.metrics import read_metrics
-from miles.utils import preflight
+from miles.ray import preflight
 from miles.utils.cli import _user_message
 from miles.utils.errors import MilesConfigError
 

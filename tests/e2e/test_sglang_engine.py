@@ -4,6 +4,7 @@ OffPolicyGuardError, and SGLang never called a stand-in. The references (a trans
 SGLang reports) are independent of the code under test."""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,12 +48,19 @@ def _faulty_engine_class():
     return FaultyEngine
 
 
+EXTRA_EOS = 8  # the token "5": a second eos id in generation_config.json, as models with several end tokens have
+
+
 @pytest.fixture(scope="module")
 def engine(embedded_cache, ray_cluster, tmp_path_factory):
+    """The engine on the embedded weights, from a copy whose generation_config.json lists a second eos id."""
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    log = tmp_path_factory.mktemp("sglang") / "stand_ins.log"
-    handle = ray.remote(_faulty_engine_class()).options(num_cpus=1).remote(
-        embedded_cache.checkpoint_dir, 7, {}, 0, str(log))
+    folder = tmp_path_factory.mktemp("sglang")
+    checkpoint = folder / "checkpoint"
+    shutil.copytree(embedded_cache.checkpoint_dir, checkpoint)
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, EXTRA_EOS]}))
+    log = folder / "stand_ins.log"
+    handle = ray.remote(_faulty_engine_class()).options(num_cpus=1).remote(str(checkpoint), 7, {}, 0, str(log))
     assert ray.get(handle.ready.remote(), timeout=600) == "SGLang rollout engine 0"
     yield handle, log
     ray.get(handle.shutdown.remote())
@@ -109,6 +117,46 @@ def test_log_probs_are_the_trainers_and_stamped_with_sglangs_version(engine, hf_
     reference = _reference_log_probs(hf_model, samples, temperature)
     diff = max(float((torch.tensor(s.rollout_log_probs) - ref).abs().max()) for s, ref in zip(samples, reference))
     assert diff <= LOG_PROB_TOL
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_top_k_log_probs_are_the_renormalized_top_k(engine, hf_model, embedded_cache, top_k):
+    """SGLang's whole-softmax top log-probs, renormalized over the kept set, against a direct top-k computation."""
+    from tests.fast.rollout.test_sampling import _top_k_reference
+
+    handle, _ = engine
+    samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 6), 4, 0.8, 3, 0, {"top_k": top_k}))
+    if top_k == 1:
+        assert all(abs(lp) <= 1e-6 for s in samples for lp in s.rollout_log_probs)
+    reference = _top_k_reference(hf_model, samples, 0.8, top_k)
+    diff = max(abs(a - b) for s, ref in zip(samples, reference) for a, b in zip(s.rollout_log_probs, ref))
+    assert diff <= LOG_PROB_TOL
+    assert all(len(ids) == top_k for s in samples for ids in s.sampling_kept_ids)
+
+
+def test_a_stop_token_or_string_ends_a_response_completed_as_sglangs_finish_reason_says(engine, embedded_cache):
+    from miles.utils.types import SampleStatus
+
+    handle, _ = engine
+    seven = 10  # the token "7" of the embedded vocabulary
+    for sampling in ({"stop_token_ids": [seven]}, {"stop": ["7"]}):  # as the torch engine: the stop is kept
+        samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 16), 4, 1.5, 4, 0, sampling))
+        on_seven = [s for s in samples if s.tokens[-1] == seven]
+        assert on_seven and all(s.status == SampleStatus.COMPLETED for s in on_seven)
+        assert all(seven not in s.tokens[s.prompt_length:-1] for s in samples)
+        assert all(s.status == SampleStatus.COMPLETED or s.response_length == 4 for s in samples)
+
+
+def test_every_eos_id_of_the_generation_config_stops_as_on_the_torch_engine(engine, embedded_cache):
+    """SGLang stops on each eos id of generation_config.json; miles marks those samples COMPLETED (from
+    finish_reason), as the torch engine does on the same folder (tests/fast/rollout/test_sampling.py)."""
+    from miles.utils.types import SampleStatus
+
+    handle, _ = engine
+    samples = ray.get(handle.generate.remote(_prompts(embedded_cache, 16), 4, 1.5, 4, 1))
+    on_extra = [s for s in samples if s.tokens[-1] == EXTRA_EOS]
+    assert on_extra and all(s.status == SampleStatus.COMPLETED for s in on_extra)
+    assert all(EXTRA_EOS not in s.tokens[s.prompt_length:-1] for s in samples)
 
 
 def test_an_update_sglang_refused_stops_with_the_guards_error(engine, hf_model):

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import ray
+import torch
 
 import miles.rollout.sglang_engine
 import train
@@ -38,13 +39,19 @@ def _check_common(records: list[dict], args) -> None:
     assert not __import__("os").path.exists(log) or open(log).read() == ""
 
 
-def test_async_ppo_keep_old_actor_denominator_matches_sglangs_log_probs(make_args):
-    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", *SGLANG)
+def test_async_ppo_keep_old_actor_denominator_matches_sglangs_log_probs(make_args, tmp_path):
+    """Under top-p 0.9 / top-k 20: SGLang's log-probs renormalized over the kept set are the snapshot's recompute
+    under that set (the untruncated path is checked by the --use-rollout-logprobs run below)."""
+    dump = tmp_path / "dump" / "{rollout_id}.pt"
+    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--rollout-top-p", "0.9",
+                     "--rollout-top-k", "20", "--save-debug-rollout-data", str(dump), *SGLANG)
     records = _run(args, "async")
     _check_common(records, args)
     assert [record["off_policy/staleness_max"] for record in records] == [0, 1, 1]
     # the snapshot's recomputed log-probs vs SGLang's, float32 both: the guard's own tolerance is 1e-4
     assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
+    saved = torch.load(str(dump).format(rollout_id=0), weights_only=False)["samples"]
+    assert all(sample["sampling_kept_ids"] is not None for sample in saved)
 
 
 @pytest.mark.parametrize("correction", ["--use-rollout-logprobs", "--use-tis"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from miles.rollout.sampling import kept_mask
 from miles.utils.types import Sample
 
 
@@ -37,14 +38,22 @@ def gather_response_log_probs(
     """Per-sample log-probs (and entropies) of the response tokens from full-vocabulary logits (B, T, V).
 
     log_prob_t = log_softmax(logits_{t-1} / temperature)[token_t]; entropy_t = -sum p log p of that distribution.
+    A sample drawn by a truncated sampler (``sample.sampling_kept_ids``) is scored under the engine's kept set:
+    log_softmax over the kept tokens only, -inf outside (``miles.rollout.sampling``), so the recomputed log-probs
+    are those of the distribution the engine sampled from, for the old, the current and the reference policy.
     """
     log_probs, entropies = [], []
-    for row, span in enumerate(response_slices(samples)):
-        token_log_probs = F.log_softmax(logits[row, span].float() / temperature, dim=-1)  # (R, V)
+    for row, (sample, span) in enumerate(zip(samples, response_slices(samples), strict=True)):
+        scaled = logits[row, span].float() / temperature  # (R, V)
+        if sample.sampling_kept_ids is not None:
+            scaled = scaled.masked_fill(~kept_mask(sample.sampling_kept_ids, scaled.shape[-1]), float("-inf"))
+        token_log_probs = F.log_softmax(scaled, dim=-1)  # (R, V)
         targets = input_ids[row, span.start + 1 : span.stop + 1]  # (R,)
         log_probs.append(token_log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
         if with_entropy:
-            entropies.append(-(token_log_probs.exp() * token_log_probs).sum(-1))
+            # outside a kept set p = 0 and log p = -inf: the clamp makes those terms 0 * finite = 0, not nan
+            finite_log_probs = token_log_probs.clamp(min=torch.finfo(token_log_probs.dtype).min)
+            entropies.append(-(token_log_probs.exp() * finite_log_probs).sum(-1))
     return log_probs, (entropies if with_entropy else None)
 
 

@@ -70,6 +70,22 @@ def test_log_probs_and_entropies_match_the_torch_backend(checkpoint_dir, tempera
     assert [len(lp) for lp in log_probs] == [2, 1, 6]
 
 
+def test_log_probs_under_a_kept_set_match_a_direct_computation(embedded):
+    """Samples of a truncated sampler: the megatron backend scores each token by a log-softmax over the kept ids
+    only, like the torch backend's logits masked by hand here."""
+    kept = [[[2, 4, 9], [2, 5]], [[2, 3]], [[4, 7], [5, 6], [6], [7, 8, 9], [8, 0], [2]]]
+    samples = [Sample(**{**vars(s), "sampling_kept_ids": ids}) for s, ids in zip(SAMPLES, kept, strict=True)]
+    megatron, torch_model = (load_train_model(b, "actor", embedded.checkpoint_dir, seed=0) for b in ("megatron", "torch"))
+    with torch.no_grad():
+        log_probs, _ = megatron.response_log_probs(samples, 0.7)
+        for sample, ids, actual in zip(samples, kept, log_probs, strict=True):
+            logits = torch_model.module(input_ids=torch.tensor([sample.tokens])).logits[0] / 0.7  # (T, V)
+            for t, token in enumerate(sample.tokens[sample.prompt_length:]):
+                row = logits[sample.prompt_length - 1 + t, ids[t]]
+                expected = torch.log_softmax(row, dim=-1)[ids[t].index(token)]
+                assert float(actual[t]) == pytest.approx(float(expected), abs=1e-5)
+
+
 def test_the_pushed_weights_are_the_hf_weights_and_fingerprint_identically(checkpoint_dir):
     megatron, torch_model = (load_train_model(b, "actor", checkpoint_dir, seed=0) for b in ("megatron", "torch"))
     pushed, expected = megatron.hf_state_dict(), torch_model.hf_state_dict()

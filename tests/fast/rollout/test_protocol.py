@@ -12,7 +12,7 @@ from miles.rollout.protocol import ENGINE_VERBS, ENGINES, RolloutEngine, engine_
 from miles.rollout.sglang_engine import SGLangRolloutEngine
 
 ENGINE_CLASSES = {"torch": TorchRolloutEngine, "sglang": SGLangRolloutEngine}
-PROTOCOL_METHODS = ("preflight", "init_args", "ready", "load_pushed", "push_perf", "generate")  # written out
+PROTOCOL_METHODS = ("preflight", "check_prompt_capacity", "init_args", "ready", "load_pushed", "push_perf", "generate")  # written out
 
 
 def test_each_rollout_backend_has_its_engine():
@@ -36,7 +36,7 @@ def test_the_engine_implements_every_member_of_the_protocol_with_its_signature(b
 
 
 def test_the_actor_shell_forwards_the_protocols_verbs():
-    assert set(PROTOCOL_METHODS) - {"preflight", "init_args"} <= set(ENGINE_VERBS)
+    assert set(PROTOCOL_METHODS) - {"preflight", "check_prompt_capacity", "init_args"} <= set(ENGINE_VERBS)
     for engine in ENGINE_CLASSES.values():
         shell = engine_actor_class(engine)
         assert all(callable(getattr(shell, verb, None)) for verb in ("ready", "load_pushed", "push_perf", "generate"))

@@ -53,6 +53,12 @@ def test_a_missing_extra_is_one_line_naming_the_install(monkeypatch):
     ({"random_seed": 3}, r"--sglang-random-seed 3: the engines' seeds come from --rollout-seed"),
     ({"tp_size": 2}, r"--sglang-tp-size 2: miles checks the weights of one rank per engine"),
     ({"rl_on_policy_target": "fsdp"}, r"casts the logits to bfloat16 before the log-softmax"),
+    ({"port": 30000}, r"--sglang-port 30000: the offline engine runs inside a Ray actor and serves no HTTP"),
+    ({"host": "0.0.0.0"}, r"--sglang-host '0.0.0.0': .*serves no HTTP.*drop it"),
+    ({"api_key": "k"}, r"--sglang-api-key 'k': .*serves no HTTP"),
+    ({"config": "c.yaml"}, r"--sglang-config 'c.yaml': .*pass its options as --sglang-NAME VALUE"),
+    ({"enable_deterministic_inference": True}, r"--sglang-enable-deterministic-inference True: .*none of which runs "
+                                               r"on a CPU"),
 ])
 def test_owned_settings_set_wrongly_are_refused(values, message):
     with pytest.raises(MilesConfigError, match=message):
@@ -71,3 +77,26 @@ def test_the_original_logprob_switch_is_refused(monkeypatch):
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
     with pytest.raises(MilesConfigError, match=r"SGLANG_RETURN_ORIGINAL_LOGPROB is set: .*unset it"):
         check_owned({}, "/model", cuda=False)
+
+
+def test_a_response_budget_the_kv_cache_cannot_hold_is_refused():
+    prompts = [[1, 2, 3], [1, 2, 3, 4, 5]]
+    sglang_args.check_kv_capacity(prompts, 9, 16)  # 5 + 9 + 2 = 16 fits
+    with pytest.raises(MilesConfigError, match=r"--rollout-max-response-len 10 with a 5-token prompt needs 17 tokens "
+                                               r"in one SGLang request, but the engine's KV cache holds 16.*Raise "
+                                               r"--sglang-max-total-tokens"):
+        sglang_args.check_kv_capacity(prompts, 10, 16)
+    sglang_args.check_kv_capacity(prompts, 10_000, None)  # a GPU-sized cache: the context length is the limit
+    assert sglang_args.max_request_tokens({}, cuda=False) == sglang_args.DEFAULT_MAX_TOTAL_TOKENS
+    assert sglang_args.max_request_tokens({"max_total_tokens": 64}, cuda=False) == 64
+    assert sglang_args.max_request_tokens({}, cuda=True) is None
+
+
+def test_the_preflight_refuses_a_response_length_sglang_would_cut(embedded, tmp_path):
+    from miles.ray.preflight import preflight
+
+    args = parse_args(argv=["--rollout-backend", "sglang", "--hf-checkpoint", embedded.checkpoint_dir,
+                            "--prompt-data", embedded.train_jsonl, "--rollout-max-response-len", "12",
+                            "--sglang-max-total-tokens", "16", "--log-dir", str(tmp_path)])
+    with pytest.raises(MilesConfigError, match=r"--rollout-max-response-len 12 with a 5-token prompt needs 19"):
+        preflight(args)

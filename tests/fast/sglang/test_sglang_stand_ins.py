@@ -43,3 +43,18 @@ def test_the_stand_ins_live_inside_miles_and_no_cuda_package_is_installed():
     cuda = [n for n in names if n.startswith(("nvidia-", "cuda-")) or n in ("torchvision", "sgl-kernel", "sglang-kernel")]
     assert cuda == []
     assert torch.version.cuda is None
+
+
+def test_a_real_package_that_loads_is_used_instead_of_its_stand_in(tmp_path):
+    """A loadable sgl_kernel (as on a CUDA machine) wins; a broken torchvision (a CUDA build on a CPU torch) gets
+    the stand-in, and only it."""
+    real = tmp_path / "site"
+    (real / "sgl_kernel").mkdir(parents=True)
+    (real / "sgl_kernel" / "__init__.py").write_text("REAL = True\n")
+    (real / "torchvision").mkdir()
+    (real / "torchvision" / "__init__.py").write_text("raise OSError('libcudart.so: cannot open shared object')\n")
+    code = (f"import sys; sys.path.append({str(real)!r}); import os; os.environ['PYTHONPATH'] = {str(real)!r}; "
+            f"from miles.rollout import sglang_shims; sglang_shims.activate({str(tmp_path / 'stand_ins.log')!r}); "
+            "import sgl_kernel, torchvision; print(sgl_kernel.REAL, 'miles' in repr(torchvision.transforms))")
+    result = _run(code)
+    assert result.stdout.split() == ["True", "True"], result.stderr

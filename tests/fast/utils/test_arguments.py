@@ -105,9 +105,17 @@ class TestDerivedValues:
                                 "--eval-max-response-len", "2", "--eval-top-p", "1.0", "--eval-top-k", "-1"])
         assert (args.n_samples_per_eval_prompt, args.eval_temperature, args.eval_max_response_len) == (1, 0.5, 2)
 
-    @pytest.mark.parametrize(("flag", "value"), [("--eval-top-p", "0.9"), ("--eval-top-k", "20")])
-    def test_eval_top_p_and_top_k_are_refused_with_the_reason(self, flag, value):
-        with pytest.raises(MilesConfigError, match=f"{flag} is {value}.*no top-p or top-k truncation.*Drop {flag}"):
+    def test_eval_top_p_and_top_k_default_to_the_rollouts(self):
+        args = parse_args(argv=["--rollout-top-p", "0.9", "--rollout-top-k", "20"])
+        assert (args.eval_top_p, args.eval_top_k) == (0.9, 20)
+        args = parse_args(argv=["--rollout-top-p", "0.9", "--eval-top-p", "1.0", "--eval-top-k", "3"])
+        assert (args.eval_top_p, args.eval_top_k) == (1.0, 3)
+
+    @pytest.mark.parametrize(("flag", "value"), [("--rollout-top-p", "0"), ("--rollout-top-p", "1.5"),
+                                                 ("--rollout-top-k", "-2"), ("--rollout-min-p", "1.5"),
+                                                 ("--eval-top-p", "0")])
+    def test_sampling_filters_out_of_range_are_refused(self, flag, value):
+        with pytest.raises(MilesConfigError, match=f"{flag} is .*but it must be"):
             parse_args(argv=[flag, value])
 
     def test_user_values_are_never_rewritten(self):
