@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER, Unresolved
 from miles.config import corrections
+from miles.config.refused import DOCS as REFUSED_DOCS
+from miles.config.refused import refusal_line
 from miles.config.arguments import (
     build_parser,
     check_async_colocation,
@@ -30,6 +32,7 @@ CONTRACT_FIX = (
     f"fix: add {corrections.suggested_fix()} to the train_async.py arguments, "
     "or train synchronously with train.py"
 )
+REFUSAL_FIX = f"fix: drop the refused flags from the launch ({REFUSED_DOCS} says why each is refused)"
 _ESTIMATOR = "advantage_estimator"
 _NEGATIVE_NUMBER = re.compile(r"-\d[\d.e+-]*")
 _FLAG_WITH_VALUE = re.compile(r"(-[^=$`]+)=")  # the literal "--flag=" that starts an unresolved word
@@ -322,7 +325,10 @@ def _strict_verdict(args: list, driver: str) -> tuple:
                        [(f"{driver}: error: {error}", fix)], [], placed.unresolved, lifts), None, False
     for dest, value in placed.unknown_values.items():
         setattr(namespace, dest, value)
+    refusal = refusal_line(namespace)  # the driver stops on it first, with argparse's exit status 2
     errors, contract_error, cannot_check = _validation_errors(namespace, driver)
+    if refusal is not None:
+        errors.append((f"{driver}: error: {refusal}", REFUSAL_FIX))
     contract, deciding = _contract(namespace, driver, contract_error, placed)
     if deciding:  # the words it depends on are named below the verdict
         contract = contract.replace("contract:", "contract, from the resolved words alone:", 1)

@@ -15,7 +15,7 @@ import sys
 from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.ranks.layout import check_rank_layout
 from miles.rollout.sglang_words import split_sglang_words
-from miles.config import corrections, flags
+from miles.config import corrections, flags, refused
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
@@ -115,6 +115,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_parallel_arguments(parser)
         flags.add_rollout_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
+        refused.add_refused_arguments(parser)
         if add_custom_arguments is not None:
             add_custom_arguments(parser)
         return parser
@@ -137,7 +138,10 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     The ``--sglang-*`` words (SGLang's server arguments) are set aside as ``args.sglang_words``, unparsed: the
     preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
     argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
-    args = build_parser(add_custom_arguments).parse_args(argv)
+    parser = build_parser(add_custom_arguments)
+    args = parser.parse_args(argv)
+    if (refusal := refused.refusal_line(args)) is not None:
+        parser.error(refusal)  # exit 2, before any check reads a value and before Ray starts
     args.sglang_words = sglang_words
     miles_validate_args(args)
     return args

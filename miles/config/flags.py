@@ -13,7 +13,7 @@ imports nothing heavy. The correction flags come from the corrections table (``m
 import argparse
 
 from miles.conformance.departures import help_lines
-from miles.config import corrections
+from miles.config import corrections, refused
 
 TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each
 ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.engine.ENGINES starts each
@@ -497,6 +497,8 @@ def help_epilog() -> str:
     lines = [
         "every numeric flag's range, and every path and prompt file, is checked before Ray starts "
         "(docs/training.md, 'Checked at startup').",
+        f"upstream miles' other flags are known and refused (hidden here): a launch that passes one stops before Ray "
+        f"starts, naming each and why ({refused.DOCS}).",
         "",
         *help_lines(),
     ]

@@ -86,6 +86,36 @@ def _same_value(listed, actual) -> bool:
     return isinstance(listed, (int, float)) and not isinstance(listed, bool) and float(listed) == float(actual)
 
 
+REFUSED_ACTION = "RefusedFlag"  # parser_spec's name for miles/config/refused.py's action
+SGLANG_PREFIX = "--sglang-"  # SGLang's server arguments: passed to SGLang's own parser, not miles' (docs/sglang.md)
+
+
+def split_refused(miles_options: dict) -> tuple[dict, dict]:
+    """(the flags miles implements, the upstream flags it refuses), each ``{flag: record}``."""
+    refused = {flag: record for flag, record in miles_options.items() if record["action"] == REFUSED_ACTION}
+    return {flag: record for flag, record in miles_options.items() if flag not in refused}, refused
+
+
+def unknown_upstream_flags(miles_options: dict, upstream_options: dict) -> list[str]:
+    """Upstream's flags that miles' parser does not know at all (neither implemented nor refused), each with its
+    arity, as the departures table would list it; ``--sglang-*`` ones are SGLang's."""
+    return [f"{flag} (nargs {record['nargs']!r}, {record['action']})" for flag, record in sorted(upstream_options.items())
+            if flag not in miles_options and not flag.startswith(SGLANG_PREFIX)]
+
+
+def refusal_mismatches(refused: dict, upstream_options: dict) -> list[str]:
+    """A refused flag upstream lacks (stale), or one that takes a different number of words than upstream's (a
+    launch would parse differently)."""
+    problems = []
+    for flag, record in sorted(refused.items()):
+        if flag not in upstream_options:
+            problems.append(f"{flag}: refused in departures.toml, but upstream has no such flag")
+        elif record["nargs"] != upstream_options[flag]["nargs"]:
+            problems.append(f"{flag}: refused with nargs {record['nargs']!r}, upstream's is "
+                            f"{upstream_options[flag]['nargs']!r}")
+    return problems
+
+
 def only_in_miles(miles_options: dict, upstream_options: dict) -> list[str]:
     return sorted(set(miles_options) - set(upstream_options))
 

@@ -12,6 +12,9 @@ from pathlib import Path
 DEPARTURES_FILE = Path(__file__).with_name("departures.toml")
 DOCS_BEGIN = "<!-- departures: rendered from miles/conformance/departures.toml by `python -m miles.conformance.departures` -->"
 DOCS_END = "<!-- end of departures -->"
+REFUSED_BEGIN = ("<!-- refused flags: rendered from miles/conformance/departures.toml by `python -m "
+                 "miles.conformance.departures` -->")
+REFUSED_END = "<!-- end of refused flags -->"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,16 @@ class MathDeparture:
     test: str  # the test that shows both behaviors
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An upstream flag miles' parser knows and refuses (``[refused."group"]`` rows)."""
+
+    group: str
+    why: str
+    nargs: object  # as upstream's parser reads it: 0 (a switch), None (one value), "+", "*" or a count
+    accepts: tuple = ()  # the values that mean what miles does anyway ("on": the switch itself)
+
+
 @functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
 def _load() -> dict:
     with DEPARTURES_FILE.open("rb") as file:
@@ -67,6 +80,22 @@ def load_additions() -> dict[str, Addition]:
 def load_math_departures() -> dict[str, MathDeparture]:
     """Function of upstream's math (at upstream's module path) -> how miles' departs, with the test of both."""
     return {name: MathDeparture(**entry) for name, entry in _load().get("math", {}).items()}
+
+
+def load_refusals() -> dict[str, Refusal]:
+    """Upstream flag miles refuses -> its group, reason, arity and accepted values."""
+    refusals = {}
+    for group, row in _load().get("refused", {}).items():
+        arity = {**dict.fromkeys(row.get("switches", ()), 0), **dict.fromkeys(row.get("values", ())),
+                 **{flag: int(n) if n.isdigit() else n for flag, n in row.get("nargs", {}).items()}}
+        for flag, nargs in arity.items():
+            refusals[flag] = Refusal(group, row["why"], nargs, tuple(row.get("accepts", {}).get(flag, ())))
+    return refusals
+
+
+def refused_groups() -> dict[str, dict]:
+    """Group -> its row (why, accepts, the flags), in the file's order: the docs' table of refused flags."""
+    return _load().get("refused", {})
 
 
 def added_option_strings(additions: dict[str, Addition]) -> set[str]:
@@ -104,19 +133,35 @@ def markdown() -> str:
     return "\n".join(rows)
 
 
-def render_into(text: str) -> str:
-    """``text`` (docs/training.md) with its rendered section replaced by ``markdown()``."""
-    head, found, rest = text.partition(DOCS_BEGIN)
-    if not found or DOCS_END not in rest:
-        raise ValueError(f"the document has no '{DOCS_BEGIN}' ... '{DOCS_END}' section")
-    return f"{head}{DOCS_BEGIN}\n{markdown()}\n{DOCS_END}{rest.split(DOCS_END, 1)[1]}"
+def refused_markdown() -> str:
+    """docs/conformance.md's table of the upstream flags miles refuses, one row per group."""
+    rows = ["| group | flags | accepted | why |", "|---|---|---|---|"]
+    for group, row in refused_groups().items():
+        flags = [*row.get("switches", ()), *row.get("values", ()), *row.get("nargs", {})]
+        accepted = ", ".join(f"`{flag} {' or '.join(values)}`".replace(" on`", "`")
+                             for flag, values in row.get("accepts", {}).items()) or "none"
+        rows.append(f"| {group} ({len(flags)}) | {', '.join(f'`{flag}`' for flag in flags)} | {accepted} | "
+                    f"{row['why']} |")
+    return "\n".join(rows)
+
+
+def render_into(text: str, begin: str = DOCS_BEGIN, end: str = DOCS_END, body=markdown) -> str:
+    """``text`` with its rendered section (between ``begin`` and ``end``) replaced by ``body()``."""
+    head, found, rest = text.partition(begin)
+    if not found or end not in rest:
+        raise ValueError(f"the document has no '{begin}' ... '{end}' section")
+    return f"{head}{begin}\n{body()}\n{end}{rest.split(end, 1)[1]}"
 
 
 def main() -> None:
-    """Rewrite docs/training.md's departures section from departures.toml."""
-    docs = Path(__file__).resolve().parents[2] / "docs" / "training.md"
-    docs.write_text(render_into(docs.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"rendered {DEPARTURES_FILE.name} into {docs}")
+    """Rewrite docs/training.md's departures section and docs/conformance.md's refused flags from
+    departures.toml."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for name, begin, end, body in (("training.md", DOCS_BEGIN, DOCS_END, markdown),
+                                   ("conformance.md", REFUSED_BEGIN, REFUSED_END, refused_markdown)):
+        path = docs / name
+        path.write_text(render_into(path.read_text(encoding="utf-8"), begin, end, body), encoding="utf-8")
+        print(f"rendered {DEPARTURES_FILE.name} into {path}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ def contract_refuses(namespace: dict) -> bool:
 @dataclass
 class ConformanceReport:
     shared: int = 0
+    refused: int = 0  # upstream flags miles' parser knows and refuses (departures.toml)
     differences: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # one line each: what does not hold
     command_lines: int = 0
@@ -76,8 +77,8 @@ class ConformanceReport:
         flags = len({d.flag for d in self.differences})
         verdict = (f"conformance: {len(self.failures)} failures" if self.failures else
                    "conformance: OK (every difference is listed in miles/conformance/departures.toml with its reason)")
-        counts = (f"{self.shared} flags shared with upstream; {len(self.differences)} fields differ, in {flags} of "
-                  f"them; {self.command_lines} command lines parsed by both")
+        counts = (f"{self.shared} flags shared with upstream, {self.refused} refused; {len(self.differences)} fields "
+                  f"differ, in {flags} of them; {self.command_lines} command lines parsed by both")
         return [counts,
                 *(f"FAIL {failure}" for failure in self.failures), verdict]
 
@@ -95,6 +96,14 @@ def _flag_failures(report, miles_options, upstream_options, miles_defaults, upst
                         for flag in sorted(unlisted)]
     report.failures += [f"{flag}: listed as a departure, but not a flag both parsers have" for flag in departures
                         if flag not in miles_options or flag not in upstream_options]
+
+
+def _coverage_failures(report, all_miles_options, refused, upstream_options) -> None:
+    """Every upstream flag is known to miles' parser (implemented or refused), and each refusal matches upstream."""
+    report.refused = len(refused)
+    report.failures += [f"upstream's {flag} is unknown to miles' parser: implement it or refuse it in "
+                        "departures.toml" for flag in compare.unknown_upstream_flags(all_miles_options, upstream_options)]
+    report.failures += compare.refusal_mismatches(refused, upstream_options)
 
 
 def _sample_failures(report, samples, parsed, miles_parser, miles_options, upstream_options) -> None:
@@ -129,7 +138,8 @@ def run_conformance(upstream_dump) -> ConformanceReport:
     """All three checks; ``upstream_dump(command_lines)`` gives upstream's parser records and namespaces
     (``upstream_env.upstream_parser_dump`` with the upstream environment's Python)."""
     miles_parser = build_parser()
-    miles_options = describe_parser(miles_parser)
+    all_miles_options = describe_parser(miles_parser)
+    miles_options, refused = compare.split_refused(all_miles_options)
     # every miles flag is sampled (which ones upstream shares is known only from the dump); the others are skipped
     samples = [(flag, words) for flag in sorted(miles_options) for words in sample_command_lines(flag, miles_options[flag])]
     contract_lines = contract_command_lines(miles_options["--advantage-estimator"]["choices"])
@@ -138,6 +148,7 @@ def run_conformance(upstream_dump) -> ConformanceReport:
     report = ConformanceReport(command_lines=1 + len(samples) + len(contract_lines))
     miles_defaults = parse_command_line(miles_parser, compare.BASE_COMMAND_LINE)["namespace"]
     _flag_failures(report, miles_options, upstream_options, miles_defaults, base["namespace"])
+    _coverage_failures(report, all_miles_options, refused, upstream_options)
     _sample_failures(report, samples, parsed[:len(samples)], miles_parser, miles_options, upstream_options)
     _contract_failures(report, contract_lines, parsed[len(samples):])
     return report

@@ -22,6 +22,8 @@ from miles.check import (
     scan_script,
 )
 from miles.utils.arguments import ASYNC_PPO_CORRECTION_MESSAGE
+from miles.config.arguments import build_parser
+from miles.config.refused import refusal_line
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "miles_check"
@@ -403,10 +405,26 @@ class TestCheckLaunch:
         assert "not applicable" in verdict.contract
 
     def test_unknown_flags_are_grouped_with_their_values(self):
-        verdict = check_launch(["--context-parallel-size", "2", "--sequence-parallel", "--use-tis",
-                                "--init-method-std", "-0.02", "--advantage-estimator", "ppo"])
+        verdict = check_launch(["--my-parallel-size", "2", "--my-switch", "--use-tis",
+                                "--my-std", "-0.02", "--advantage-estimator", "ppo"])
         assert verdict.status == "OK"
-        assert verdict.ignored == ["--context-parallel-size 2", "--sequence-parallel", "--init-method-std -0.02"]
+        assert verdict.ignored == ["--my-parallel-size 2", "--my-switch", "--my-std -0.02"]
+
+    def test_refused_upstream_flags_are_the_drivers_error_counted_only_under_strict(self):
+        words = ["--context-parallel-size", "2", "--sequence-parallel", "--use-tis", "--init-method-std", "-0.02",
+                 "--context-parallel-size", "1", "--advantage-estimator", "ppo"]
+        verdict = check_launch(words)
+        assert verdict.status == "OK" and not verdict.refusals_counted and verdict.ignored == []
+        (message, fix), = verdict.errors
+        assert message == f"train_async.py: error: {refusal_line(build_parser().parse_args(words))}"
+        assert "--context-parallel-size 2, --sequence-parallel:" in message and "--init-method-std -0.02:" in message
+        assert fix.startswith("fix: drop the refused flags")
+        assert check_launch(words, strict=True).status == "REJECTED"
+
+    def test_an_accepted_value_of_a_refused_flag_is_no_error(self):
+        verdict = check_launch(["--context-parallel-size", "1", "--attention-dropout", "0.0", "--use-tis",
+                                "--accumulate-allreduce-grads-in-fp32", "--advantage-estimator", "ppo"], strict=True)
+        assert verdict.status == "OK" and verdict.errors == [] and verdict.ignored == []
 
 
 class TestUnresolvedWords:
@@ -569,14 +587,22 @@ class TestMainArgumentList:
         status, out, _ = _run(capsys, ["--strict", "--", "--advantage-estimator", "grpo", "--tis-mode", "mask"])
         assert status == 1 and "--tis-mode set without --use-tis" in out and "note:" not in out
 
-    def test_unknown_megatron_and_sglang_flags_are_ignored_and_the_verdict_stands(self, capsys):
-        unknown = ["--context-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
+    def test_unknown_and_sglang_flags_are_ignored_and_the_verdict_stands(self, capsys):
+        unknown = ["--my-parallel-size", "2", "--sglang-mem-fraction-static", "0.7"]
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", *unknown])
         assert status == 1 and CONTRACT_FIX in out
-        assert "the contract does not read them): --context-parallel-size 2\n" in out
+        assert "the contract does not read them): --my-parallel-size 2\n" in out
         assert "the contract does not read them): --sglang-mem-fraction-static 0.7\n" in out
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "ppo", "--use-tis", *unknown])
-        assert status == 0 and "--context-parallel-size 2" in out and "--sglang-mem-fraction-static 0.7" in out
+        assert status == 0 and "--my-parallel-size 2" in out and "--sglang-mem-fraction-static 0.7" in out
+
+    def test_a_refused_upstream_flag_is_a_note_and_with_strict_a_refusal(self, capsys):
+        words = ["--", "--advantage-estimator", "ppo", "--use-tis", "--context-parallel-size", "2"]
+        status, out, _ = _run(capsys, words)
+        assert status == 0 and "note: miles would refuse this launch" in out
+        assert "error: upstream flags miles refuses: --context-parallel-size 2: miles' megatron backend" in out
+        status, out, _ = _run(capsys, ["--strict", *words])
+        assert status == 1 and "upstream flags miles refuses: --context-parallel-size 2" in out
 
     def test_grpo_is_exempt_and_sync_checks_as_train_py(self, capsys):
         status, out, _ = _run(capsys, ["--", "--advantage-estimator", "grpo"])
@@ -695,22 +721,23 @@ class TestUpstreamStyleLaunchers:
         assert depends["depends_on"][0]["word"] == "${MODEL_ARGS[@]}" and depends["line"] == 11
         assert depends["unresolved"][0]["reason"].startswith("MODEL_ARGS is assigned at line 9 by `read -ra`")
         assert records[2]["errors"][0]["fix"] == CONTRACT_FIX
-        assert "--num-layers 36" in records[2]["ignored"]
+        assert "upstream flags miles refuses: " in records[2]["errors"][1]["message"]
+        assert " --num-layers 36," in records[2]["errors"][1]["message"] and records[2]["ignored"] == []
         assert set(records[0]) == {"file", "line", "driver", "verdict", "exit_class", "exit_status", "contract",
                                    "depends_on", "unresolved", "cannot_check", "errors", "ignored", "sglang_words",
                                    "errors_counted"}
 
     def test_sglang_flags_are_listed_as_sglang_server_arguments_not_as_unknown(self, capsys):
         argv = ["--advantage-estimator", "ppo", "--use-tis", "--rollout-backend", "sglang",
-                "--sglang-mem-fraction-static", "0.7", "--num-layers", "36"]
+                "--sglang-mem-fraction-static", "0.7", "--my-num-layers", "36"]
         status, out, _ = _run(capsys, ["--format", "json", "--", *argv])
         record = json.loads(out)[0]
         assert status == 0 and record["verdict"] == "OK"
         assert record["sglang_words"] == ["--sglang-mem-fraction-static 0.7"]
-        assert record["ignored"] == ["--num-layers 36"]
+        assert record["ignored"] == ["--my-num-layers 36"]
         status, out, _ = _run(capsys, ["--", *argv])
         assert "SGLang server arguments" in out and "--sglang-mem-fraction-static 0.7" in out
-        assert "ignored (unknown to the miles parser; the contract does not read them): --num-layers 36" in out
+        assert "ignored (unknown to the miles parser; the contract does not read them): --my-num-layers 36" in out
 
     def test_json_for_one_argument_list_and_a_launcher_it_cannot_see_into(self, capsys):
         status, out, _ = _run(capsys, ["--format", "json", "--", "--advantage-estimator", "ppo", "--use-tis"])

@@ -11,6 +11,8 @@ import pytest
 
 import train
 import train_async
+from miles.config.refused import implemented_actions
+from miles.conformance.departures import load_refusals
 from miles.utils.arguments import (
     build_parser,
     miles_validate_args,
@@ -188,7 +190,7 @@ def test_validation_raises_explicitly_not_through_assert():
 class TestParser:
     def test_every_flag_is_kebab_case_with_help_and_a_default(self):
         parser = build_parser()
-        for action in parser._actions:
+        for action in implemented_actions(parser):
             if action.dest == "help":
                 continue
             long_flags = [opt for opt in action.option_strings if opt.startswith("--")]
@@ -309,7 +311,7 @@ class TestNothingOutsideTheCodeSwitchesTheContractOff:
         assert "use_critic" not in {action.dest for action in build_parser()._actions}
 
     @pytest.mark.parametrize("flag", [
-        option for action in build_parser()._actions if action.nargs == 0 and action.dest != "help"
+        option for action in implemented_actions(build_parser()) if action.nargs == 0 and action.dest != "help"
         for option in action.option_strings
     ])
     def test_no_switch_flag_gives_async_ppo_without_a_correction(self, flag):
@@ -321,6 +323,20 @@ class TestNothingOutsideTheCodeSwitchesTheContractOff:
         if not corrected:
             with pytest.raises(AsyncOffPolicyCorrectionError):
                 validate_async_off_policy_correction(args)
+
+    def test_no_refused_switch_starts_a_launch_and_the_accepted_ones_set_nothing(self, capsys):
+        refusals = load_refusals()
+        switches = [flag for flag, refusal in refusals.items() if refusal.nargs == 0]
+        refused = [flag for flag in switches if not refusals[flag].accepts]
+        accepted = [flag for flag in switches if refusals[flag].accepts]
+        assert "--sequence-parallel" in refused and "--accumulate-allreduce-grads-in-fp32" in accepted
+        with pytest.raises(SystemExit) as stopped:
+            parse_args(argv=["--advantage-estimator", "ppo", *switches])
+        assert stopped.value.code == 2
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert ": error: upstream flags miles refuses: " in error
+        assert all(f" {flag}" in error for flag in refused) and not any(f" {flag}," in error for flag in accepted)
+        assert vars(parse_args(argv=accepted)) == vars(parse_args(argv=[]))
 
     def test_what_runs_before_the_contract_never_reads_the_environment(self):
         # Every miles module `python train_async.py` has imported when the contract runs (found, not listed, so a

@@ -1,0 +1,93 @@
+"""Refused upstream flags: parsed with upstream's arity, named all at once in one error line, exit 2, and the
+values a row accepts change nothing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles.config.arguments import build_parser, parse_args
+from miles.config.refused import implemented_actions, refusal_line
+from miles.conformance.departures import (
+    REFUSED_BEGIN,
+    REFUSED_END,
+    load_refusals,
+    refused_groups,
+    refused_markdown,
+    render_into,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _parse(words):
+    return build_parser().parse_args(words)
+
+
+def test_every_row_has_a_reason_and_its_accepted_values_belong_to_its_flags():
+    groups = refused_groups()
+    assert len(load_refusals()) > 900 and groups
+    for group, row in groups.items():
+        flags = {*row.get("switches", ()), *row.get("values", ()), *row.get("nargs", {})}
+        assert row["why"] and flags, group
+        assert set(row.get("accepts", {})) <= flags, group
+
+
+def test_no_refused_flag_is_one_miles_implements():
+    implemented = {option for action in implemented_actions(build_parser()) for option in action.option_strings}
+    assert not implemented & set(load_refusals())
+
+
+def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
+    namespace = _parse(["--sequence-parallel", "--lr", "1e-4", "--bf16", "--context-parallel-size", "2",
+                        "--recompute-granularity", "full", "--hidden-dropout", "0.1"])
+    line = refusal_line(namespace)
+    assert "\n" not in line and not hasattr(namespace, "refused_flags") and namespace.lr == 1e-4
+    # the parallelism group's flags together, then its reason and what it accepts
+    assert "--sequence-parallel, --context-parallel-size 2: miles' megatron backend has tensor parallelism" in line
+    assert "(accepted: --context-parallel-size 1)" in line
+    for shown in ("--bf16", "--recompute-granularity full", "--hidden-dropout 0.1"):
+        assert shown in line
+    assert line.endswith("lists every refused flag and why).")
+
+
+def test_accepted_values_compare_as_numbers_and_set_nothing():
+    plain = vars(_parse([]))
+    for words in (["--context-parallel-size", "1"], ["--attention-dropout", "0.0"], ["--hidden-dropout", "0"],
+                  ["--attention-softmax-in-fp32"], ["--rollout-num-gpus-per-engine", "1"],
+                  ["--attention-backend", "local"]):
+        namespace = _parse(words)
+        assert refusal_line(namespace) is None and vars(namespace) == plain, words
+    assert refusal_line(_parse(["--attention-dropout", "0.1"])) is not None
+
+
+def test_a_refused_flag_takes_the_words_upstreams_takes():
+    # --rollout-stop-token-ids is issue 28's; --profile-ranks takes one or more values upstream (nargs "+")
+    assert load_refusals()["--profile-ranks"].nargs == "+"
+    namespace = _parse(["--profile-ranks", "0", "1", "2", "--lr", "1e-4"])
+    assert "--profile-ranks 0 1 2:" in refusal_line(namespace) and namespace.lr == 1e-4
+
+
+def test_the_driver_stops_with_exit_2_before_ray_in_one_error_line():
+    result = subprocess.run([sys.executable, "train_async.py", "--sequence-parallel", "--num-layers", "36",
+                             "--use-tis", "--advantage-estimator", "ppo"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "unrecognized arguments" not in result.stderr
+    assert "--sequence-parallel:" in errors[0] and "--num-layers 36:" in errors[0]
+    assert "Ray" not in result.stderr  # Ray's start-up lines never appear: the parser stopped first
+
+
+def test_parse_args_refuses_before_validating():
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv=["--expert-model-parallel-size", "8", "--lr", "-1"])  # --lr -1 would be a config error
+    assert stopped.value.code == 2
+
+
+def test_conformance_md_shows_the_refused_table_as_rendered_from_the_file():
+    text = (REPO / "docs" / "conformance.md").read_text(encoding="utf-8")
+    assert render_into(text, REFUSED_BEGIN, REFUSED_END, refused_markdown) == text, \
+        "run: python -m miles.conformance.departures"
+    assert "| dropout (2) | `--hidden-dropout`, `--attention-dropout` | `--attention-dropout 0`, `--hidden-dropout 0` |" in text
