@@ -26,7 +26,7 @@ import torch
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_tokenizer
 from miles.rollout import sglang_shims
-from miles.rollout.engine import build_sample, check_generate_args, eos_token_id_of
+from miles.rollout.engine import build_sample, check_generate_args, eos_token_id_of, mix_seeds
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.sglang_args import engine_kwargs
 from miles.rollout.sglang_layout import check_held_weights, sglang_digests
@@ -146,14 +146,16 @@ class SGLangRolloutEngine:
     def generate(self, prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int,
                  seed: int) -> list:
         """Sample ``n_samples_per_prompt`` responses per prompt, in prompt order (the torch engine's contract).
-        ``seed`` is not used: SGLang samples from the engine's seeded generator (docs/sglang.md, "Seeds")."""
+        Each row gets its own ``sampling_seed`` from ``seed`` (the rollout's, from --rollout-seed): SGLang samples
+        with it in its deterministic mode and from the engine's seeded generator otherwise (docs/sglang.md, "Seeds")."""
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
         texts = [item["prompt"] for item in prompts]
         prompt_ids = encode_prompts(self.tokenizer, texts, getattr(self.config, "max_position_embeddings", None),
                                     max_response_len, lambda i: f"prompt {texts[i]!r}")
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         sampling = {"temperature": float(temperature), "max_new_tokens": max_response_len, **NEUTRAL_SAMPLING}
-        outputs = self.engine.generate(input_ids=rows, sampling_params=sampling, return_logprob=True)
+        per_row = [{**sampling, "sampling_seed": mix_seeds(seed, row)} for row in range(len(rows))]
+        outputs = self.engine.generate(input_ids=rows, sampling_params=per_row, return_logprob=True)
         samples = []
         for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):
             tokens, log_probs, version = self._response(output)
