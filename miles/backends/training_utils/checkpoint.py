@@ -101,6 +101,7 @@ def save_run_state(root: str, rollout_id: int, run_state: dict) -> None:
     """Write the driver's part of rollout ``rollout_id``'s checkpoint atomically, with ``CHECKPOINT_FORMAT``; call
     before ``mark_latest``."""
     final = rollout_dir(root, rollout_id) / RUN_STATE_FILE
+    final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.with_name(f".{RUN_STATE_FILE}.tmp-{os.getpid()}")
     torch.save({"format": CHECKPOINT_FORMAT, **run_state}, staging)
     os.replace(staging, final)
