@@ -274,8 +274,9 @@ class PolicyTrainer(_TrainProcess):
         role_dir = checkpoint.rollout_dir(self.args.load, state["rollout_id"]) / self.role
         saved = {version: self._load_version(role_dir, version) for version in state["saved_versions"]}
         engine_version = state["weight_version"]
-        for version in sorted(v for v in saved if v != engine_version):  # the snapshots older than the engines'
-            self.snapshots.add_pushed(version, *saved[version])
+        if self.snapshots is not None:  # the snapshots older than the engines' (they are saved with it, and only then)
+            for version in sorted(v for v in saved if v != engine_version):
+                self.snapshots.add_pushed(version, *saved[version])
         self.weight_version = engine_version - 1
         self._resume_push = (engine_version, saved[engine_version][0] if engine_version in saved else None)
         _restore_rng(state)  # loading a model seeds torch
