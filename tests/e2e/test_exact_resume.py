@@ -2,14 +2,18 @@
 metrics (every metric but times, rates and memory), and it trains the same prompts, none skipped or repeated.
 
 Each case is a straight run of 6 rollouts that saves at rollout 2 (--save-interval 3) and a resume from that
-checkpoint to 6; the SIGTERM cases stop a second run with a real SIGTERM to the driver's process at a rollout the
-test picks, then resume it. A reward function that records every prompt it scores gives the prompts each run
-generated (the resumed run generates no prompt twice: the rollout in flight at the save is carried, not redone).
+checkpoint to 6. The SIGTERM cases stop another run, which saves nowhere else, with a real SIGTERM to the driver's
+process at a rollout the test picks, resume it, and compare both parts with the same straight run (so where the
+stop comes after rollout 2, the straight run's own save is shown not to change what it trains next). A reward
+function that records every prompt it scores gives the prompts each run generated (the resumed run generates no
+prompt twice: the rollout in flight at the save is carried, not generated again). The straight runs are made once
+per module and shared by the tests that compare with them.
 """
 
 import asyncio
 import math
 import os
+import shutil
 import signal
 import textwrap
 
@@ -84,29 +88,48 @@ def _assert_same_metrics(expected: list[dict], actual: list[dict]) -> None:
             assert same, f"rollout {want['rollout_id']}, {name}: straight {a!r}, resumed {b!r}"
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, embedded_cache, ray_cluster):
+    """(metrics, scored prompts, checkpoint folder) of the straight run of a case, made on first use."""
+    runs = {}
+
+    def get(backend: str, name: str, interval: int):
+        if (backend, name, interval) not in runs:
+            folder = tmp_path_factory.mktemp(f"straight-{backend}-{name}-{interval}")
+            argv = _argv(folder, backend, name, interval, "straight")
+            records = _run(argv + ["--save", str(folder / "ckpt"), "--save-interval", "3"])
+            runs[backend, name, interval] = records, _scored_prompts(folder, "straight"), folder / "ckpt"
+        return runs[backend, name, interval]
+
+    return get
+
+
+def _checkpoint_at(source, target, rollout_id: int) -> str:
+    """A copy of the straight run's checkpoint folder whose latest is ``rollout_id`` (its save in the middle)."""
+    shutil.copytree(source, target)
+    checkpoint.mark_latest(str(target), rollout_id)
+    return str(target)
+
+
 @pytest.mark.parametrize(("backend", "name", "interval"), CASES)
-def test_a_resume_from_a_save_interval_checkpoint_continues_the_straight_run(
-    backend, name, interval, tmp_path, embedded_cache, ray_cluster
-):
-    save = ["--save", str(tmp_path / "ckpt"), "--save-interval", "3"]
-    straight = _run(_argv(tmp_path, backend, name, interval, "straight") + save)
-    assert checkpoint.latest_rollout_id(str(tmp_path / "ckpt")) == NUM_ROLLOUT - 1
-    checkpoint.mark_latest(str(tmp_path / "ckpt"), SAVED_ROLLOUT)  # resume from the save in the middle
-    resumed = _run(_argv(tmp_path, backend, name, interval, "resumed") + save + ["--load", str(tmp_path / "ckpt")])
+def test_a_resume_from_a_save_interval_checkpoint_continues_the_straight_run(backend, name, interval, tmp_path,
+                                                                             straight_run):
+    straight, straight_prompts, saved = straight_run(backend, name, interval)
+    ckpt = _checkpoint_at(saved, tmp_path / "ckpt", SAVED_ROLLOUT)
+    resumed = _run(_argv(tmp_path, backend, name, interval, "resumed") + ["--save", ckpt, "--load", ckpt])
 
     _assert_same_metrics(straight[SAVED_ROLLOUT + 1:], resumed)
     stale = [r["off_policy/staleness_max"] for r in straight]
     assert stale == ([0, 1, 1, 1, 1, 1] if interval == 1 else [0, 1, 2, 1, 2, 1])  # d(k) from the original start
     # The straight run scored rollouts 0-5, the resumed one only 4 and 5: rollout 3 was carried in the checkpoint.
-    per_rollout = len(_scored_prompts(tmp_path, "straight")) // NUM_ROLLOUT
-    assert _scored_prompts(tmp_path, "resumed") == _scored_prompts(tmp_path, "straight")[4 * per_rollout:]
+    per_rollout = len(straight_prompts) // NUM_ROLLOUT
+    assert _scored_prompts(tmp_path, "resumed") == straight_prompts[(SAVED_ROLLOUT + 2) * per_rollout:]
 
 
 @pytest.mark.parametrize(("name", "interval", "stop_after"), SIGTERM_CASES)
-def test_a_resume_after_sigterm_continues_the_straight_run(
-    name, interval, stop_after, tmp_path, embedded_cache, ray_cluster, monkeypatch
-):
-    straight = _run(_argv(tmp_path, "torch", name, interval, "straight"))
+def test_a_resume_after_sigterm_continues_the_straight_run(name, interval, stop_after, tmp_path, straight_run,
+                                                           monkeypatch):
+    straight, straight_prompts, _ = straight_run("torch", name, interval)
     finish_rollout = TrainingRun.finish_rollout
 
     def finish_with_sigterm(run, rollout_id, metrics):
@@ -124,17 +147,19 @@ def test_a_resume_after_sigterm_continues_the_straight_run(
 
     _assert_same_metrics(straight, first + resumed)
     # Across the stop, the prompts generated are the straight run's, each once, in order.
-    assert _scored_prompts(tmp_path, "first") + _scored_prompts(tmp_path, "resumed") == _scored_prompts(
-        tmp_path, "straight")
+    assert _scored_prompts(tmp_path, "first") + _scored_prompts(tmp_path, "resumed") == straight_prompts
 
 
-def test_a_checkpoint_of_format_1_resumes_with_a_note_that_it_is_not_exact(tmp_path, embedded_cache, ray_cluster,
-                                                                          caplog):
-    save = ["--save", str(tmp_path / "ckpt"), "--save-interval", "3", "--load", str(tmp_path / "ckpt")]
-    _run(_argv(tmp_path, "torch", "grpo", 1, "first") + save[:4] + ["--num-rollout", "3"])
-    (checkpoint.rollout_dir(str(tmp_path / "ckpt"), SAVED_ROLLOUT) / checkpoint.RUN_STATE_FILE).unlink()
-    resumed = _run(_argv(tmp_path, "torch", "grpo", 1, "resumed") + save)
+def test_a_checkpoint_of_format_1_resumes_with_a_note_that_it_is_not_exact(tmp_path, straight_run, caplog):
+    straight, _, saved = straight_run("torch", "grpo", 1)
+    ckpt = _checkpoint_at(saved, tmp_path / "ckpt", SAVED_ROLLOUT)
+    (checkpoint.rollout_dir(ckpt, SAVED_ROLLOUT) / checkpoint.RUN_STATE_FILE).unlink()  # as saved before format 2
+    resumed = _run(_argv(tmp_path, "torch", "grpo", 1, "resumed") + ["--save", ckpt, "--load", ckpt])
     notes = [r.getMessage() for r in caplog.records if "not exact" in r.getMessage()]
     assert len(notes) == 1 and "checkpoint format 1" in notes[0], notes
     assert [r["rollout_id"] for r in resumed] == [3, 4, 5]
     assert resumed[0]["off_policy/staleness_max"] == 0  # generated again with the loaded weights
+    saved_state = checkpoint.load_trainer_state(checkpoint.rollout_dir(ckpt, SAVED_ROLLOUT) / "actor")
+    saved_pushes = saved_state["weight_version"]
+    assert resumed[0]["rollout/weight_version"] == saved_pushes + 1  # a new push, not the straight run's version
+    assert straight[SAVED_ROLLOUT + 1]["rollout/weight_version"] == saved_pushes - 1
