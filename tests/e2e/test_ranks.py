@@ -169,7 +169,7 @@ def test_a_data_parallel_checkpoint_resumes_with_another_data_parallel_size(make
     first = _run_sync(make_args(*GRPO, *DP2, "--num-rollout", "2", "--save", str(save),
                                 "--log-dir", str(tmp_path / "dp2")))
     assert checkpoint.latest_rollout_id(str(save)) == 1
-    assert sorted(path.name for path in checkpoint.rollout_dir(str(save), 1).iterdir()) == ["actor"]
+    assert sorted(path.name for path in checkpoint.rollout_dir(str(save), 1).iterdir()) == ["actor", "run_state.pt"]
     resumed = _run_sync(make_args(*GRPO, "--load", str(save), "--log-dir", str(tmp_path / "resumed")))
     assert [record["rollout_id"] for record in resumed] == [2]
     saved = checkpoint.load_trainer_state(checkpoint.rollout_dir(str(save), 1) / "actor")
