@@ -37,7 +37,7 @@ async def train(args) -> None:
             rollout_ref, rollout_metrics_ref = next_rollout
             # Start the next rollout before training on this one: the overlap that makes the data stale.
             next_rollout = run.generate(rollout_id + 1) if rollout_id + 1 < args.num_rollout else None
-            staleness = expected_staleness(rollout_id, args.update_weights_interval, run.start_rollout_id)
+            staleness = expected_staleness(rollout_id, args.update_weights_interval, run.staleness_origin)
             train_refs = run.train(rollout_id, rollout_ref, staleness)
             if (rollout_id + 1) % args.update_weights_interval == 0:
                 await run.settled(push)

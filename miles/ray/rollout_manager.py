@@ -82,6 +82,14 @@ class RolloutManager:
         costs = ray.get([engine.push_perf.remote() for engine in self.engines])  # e.g. SGLang's update and checksum
         self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}  # the slowest engine's
 
+    def prompt_position(self, rollout_id: int) -> int:
+        """Where rollout ``rollout_id``'s prompts start in the data stream (saved with a checkpoint)."""
+        return self.data_source.position(rollout_id)
+
+    def continue_prompts_at(self, rollout_id: int, position: int) -> None:
+        """A resume: rollout ``rollout_id``'s prompts start at the saved ``position``."""
+        self.data_source.continue_at(rollout_id, position)
+
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
                 temperature: float, max_response_len: int, sampling: dict) -> list[Sample]:
         shares = _split(prompts, len(self.engines))

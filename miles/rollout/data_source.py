@@ -76,11 +76,14 @@ def _parse_line(line: str, line_number: int, source: str, input_key: str, label_
 
 
 class PromptDataSource:
-    """Rollout k gets the prompts at positions [k·B, (k+1)·B) of an endless stream of epochs over the data.
+    """Rollout k gets the prompts at positions [p(k), p(k) + B) of an endless stream of epochs over the data,
+    p(k) = p_s + (k − s)·B from the origin (s, p_s): (0, 0) for a fresh run, so p(k) = k·B.
 
     Epoch e is the data in file order, or, with ``shuffle``, permuted by ``random.Random(seed + e)``. A batch may
-    run across an epoch boundary. The answer depends only on (prompts, B, shuffle, seed, k), never on what was
-    asked before, so a resumed run gets the same prompts for rollout k.
+    run across an epoch boundary. The answer depends only on (prompts, B, shuffle, seed, origin, k), never on what
+    was asked before, so a resumed run gets the same prompts for rollout k; a resume continues at the position the
+    checkpoint recorded (``continue_at``), so even with another --rollout-batch-size no prompt is skipped or
+    repeated.
     """
 
     def __init__(self, prompts: list[dict], rollout_batch_size: int, shuffle: bool, seed: int):
@@ -93,15 +96,24 @@ class PromptDataSource:
         self.shuffle = shuffle
         self.seed = seed
         self._epoch_orders: dict[int, list[int]] = {}
+        self._origin = (0, 0)  # (rollout id s, its first prompt's position p_s)
+
+    def continue_at(self, rollout_id: int, position: int) -> None:
+        """Rollout ``rollout_id`` starts at prompt ``position`` of the stream (a resume's saved position)."""
+        self._origin = (rollout_id, position)
+
+    def position(self, rollout_id: int) -> int:
+        """p(k): the stream position of rollout ``rollout_id``'s first prompt."""
+        if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < self._origin[0]:
+            raise ValueError(f"rollout_id={rollout_id!r}: must be an integer >= {self._origin[0]}.")
+        return self._origin[1] + (rollout_id - self._origin[0]) * self.rollout_batch_size
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def get_prompts(self, rollout_id: int) -> list[dict]:
         """The ``rollout_batch_size`` prompts of rollout ``rollout_id`` (counted from 0)."""
-        if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < 0:
-            raise ValueError(f"rollout_id={rollout_id!r}: must be an integer >= 0.")
-        start = rollout_id * self.rollout_batch_size
+        start = self.position(rollout_id)
         positions = range(start, start + self.rollout_batch_size)
         return [dict(self.prompts[self._epoch_order(p // len(self))[p % len(self)]]) for p in positions]
 

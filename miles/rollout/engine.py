@@ -131,7 +131,7 @@ class TorchRolloutEngine:
         options = sampling_options(sampling, self.model.config.vocab_size)
         prompt_ids = self._encode_prompts(prompts, max_response_len)
         version_at_start = self.weight_version
-        generator = torch.Generator().manual_seed(_mix_seeds(self.seed, seed))
+        generator = torch.Generator().manual_seed(mix_seeds(self.seed, seed))
         with torch.inference_mode():
             generated = sample_with_kv_cache(
                 self.model,
@@ -314,7 +314,7 @@ def _cut(tokens: torch.Tensor, log_probs: torch.Tensor, step_kept: list[list[lis
     return rows
 
 
-def _mix_seeds(engine_seed: int, call_seed: int) -> int:
+def mix_seeds(engine_seed: int, call_seed: int) -> int:
     """A 63-bit generator seed from (engine seed, call seed), stable across processes and Python versions."""
     digest = hashlib.sha256(f"{engine_seed}:{call_seed}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)

@@ -29,7 +29,7 @@ import torch
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_tokenizer
 from miles.rollout import sglang_shims
-from miles.rollout.engine import GeneratedRow, build_sample, check_generate_args, eos_token_id_of, sampling_options
+from miles.rollout.engine import GeneratedRow, build_sample, check_generate_args, eos_token_id_of, mix_seeds, sampling_options
 from miles.rollout.sampling import SamplingOptions, kept_tokens, renormalized_log_probs
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.sglang_args import check_kv_capacity, check_sglang_server_args, engine_kwargs, max_request_tokens
@@ -90,7 +90,6 @@ class SGLangRolloutEngine:
         self.tokenizer = load_tokenizer(hf_checkpoint)
         self.eos_token_id = eos_token_id_of(self.tokenizer, self.config, hf_checkpoint)
         self.max_request_tokens = max_request_tokens(kwargs, kwargs["device"] == "cuda")
-        self.deterministic = bool(kwargs.get("enable_deterministic_inference"))
         self.weight_version = 0
         self.weight_fingerprint = None  # version 0 (the folder's weights) is never trained on: the push comes first
         self.perf: dict[str, float] = {}
@@ -173,9 +172,9 @@ class SGLangRolloutEngine:
     def generate(self, prompts: list[dict], n_samples_per_prompt: int, temperature: float, max_response_len: int,
                  seed: int, sampling: dict | None = None) -> list:
         """Sample ``n_samples_per_prompt`` responses per prompt, in prompt order (the torch engine's contract), with
-        the same truncation, stops and behavior log-probs (``miles.rollout.sampling``). ``seed`` seeds each sample
-        (``seed + i``) only under SGLang's deterministic inference; otherwise SGLang samples from the engine's
-        seeded generator (docs/sglang.md, "Seeds")."""
+        the same truncation, stops and behavior log-probs (``miles.rollout.sampling``). Each row gets its own
+        ``sampling_seed`` from ``seed`` (the rollout's, from --rollout-seed): SGLang samples with it in its
+        deterministic mode and from the engine's seeded generator otherwise (docs/sglang.md, "Seeds")."""
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
         options = sampling_options(sampling, self.config.vocab_size)
         texts = [item["prompt"] for item in prompts]
@@ -184,9 +183,8 @@ class SGLangRolloutEngine:
         check_kv_capacity(prompt_ids, max_response_len, self.max_request_tokens)
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         params = sampling_params(temperature, max_response_len, options)
-        per_sample = [dict(params, sampling_seed=(seed + i) % 2**31) for i in range(len(rows))] \
-            if self.deterministic else params
-        outputs = self.engine.generate(input_ids=rows, sampling_params=per_sample, return_logprob=True,
+        per_row = [{**params, "sampling_seed": mix_seeds(seed, row)} for row in range(len(rows))]
+        outputs = self.engine.generate(input_ids=rows, sampling_params=per_row, return_logprob=True,
                                        top_logprobs_num=top_logprobs_num(options, self.config.vocab_size))
         samples = []
         for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):

@@ -50,13 +50,15 @@ def test_resume_continues_rollouts_versions_weights_and_optimizer(make_args, tmp
         for key, value in param_state.items():
             assert torch.equal(loaded["optimizer"]["state"][param_id][key], value), (param_id, key)
 
-    # Two resumes from the same checkpoint: rollout 3 continues the version count and is reproducible.
+    # Two resumes from the same checkpoint: rollout 3 continues the version count and is reproducible. The checkpoint
+    # is its run's last rollout, with no rollout in flight, so these resumes are not exact (test_exact_resume.py):
+    # they generate rollout 3 with the loaded weights and push them as a new version.
     resumed = [read_metrics_after_async(_resumable_args(make_args, _copy(save, tmp_path / f"c{i}"), tmp_path / f"r{i}", 4))
                for i in range(2)]
     for records in resumed:
         assert [r["rollout_id"] for r in records] == [3]
         assert records[0]["rollout/weight_version"] == saved_state["weight_version"] + 1
-        assert records[0]["off_policy/staleness_max"] == 0  # d(s) = 0 at the resumed start
+        assert records[0]["off_policy/staleness_max"] == 0  # d(s) = 0 at the resumed start, as the note says
     for name in ["rollout/reward_mean", "rollout/response_length_mean", "train/pg_loss", "critic/value_loss"]:
         assert resumed[0][0][name] == resumed[1][0][name], name
     assert first[-1]["rollout_id"] == 2

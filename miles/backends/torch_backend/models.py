@@ -56,5 +56,5 @@ class HFTrainModel(TrainModel):
         return {name: tensor.detach() for name, tensor in native_state.items()}  # the HF layout already
 
     def save_pretrained(self, folder, hf_state=None) -> None:
-        """The module's own weights: the torch backend has no shards, so ``hf_state`` (if given) equals them."""
-        self.module.save_pretrained(folder, safe_serialization=True)
+        """The module's own weights, or ``hf_state`` (another pushed version's, for a checkpoint)."""
+        self.module.save_pretrained(folder, state_dict=hf_state, safe_serialization=True)

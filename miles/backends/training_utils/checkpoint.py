@@ -3,8 +3,13 @@
 Layout of a save folder::
 
     SAVE/rollout_000009/actor/      config.json, model.safetensors, tokenizer files, trainer_state.pt
+    SAVE/rollout_000009/actor/version_000011/   the weights of pushed version 11, when they are not the actor's
     SAVE/rollout_000009/critic/     (PPO; or under --critic-save)
+    SAVE/rollout_000009/run_state.pt            the driver's: the rollout in flight, the prompt position, ...
     SAVE/latest_checkpointed_iteration.txt   "9", written last
+
+``CHECKPOINT_FORMAT`` numbers the layout (docs/training.md, "Checkpoints and resume"): format 1 had no
+``run_state.pt`` and no version tables; it still loads, and the resume is then not exact (one line says so).
 
 Each role's folder is written to a temporary sibling and renamed into place in one step, and the ``latest`` marker
 is replaced atomically only after every role finished (by the driver). A crash mid-save therefore leaves either
@@ -13,6 +18,7 @@ the previous checkpoint as latest or a complete new one, never a checkpoint that
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -23,8 +29,12 @@ import torch
 from miles.models.hf import quiet_transformers_progress
 from miles.utils.errors import MilesConfigError
 
+logger = logging.getLogger("miles")
+
+CHECKPOINT_FORMAT = 2  # 2: run_state.pt, the guard's version tables and the weights of the versions still live
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 TRAINER_STATE_FILE = "trainer_state.pt"
+RUN_STATE_FILE = "run_state.pt"
 TOKENIZER_FILE_PATTERNS = ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")
 
 
@@ -32,10 +42,15 @@ def rollout_dir(root: str, rollout_id: int) -> Path:
     return Path(root) / f"rollout_{rollout_id:06d}"
 
 
+def version_dir(role_dir: Path, version: int) -> Path:
+    """Where a role's checkpoint keeps the weights of pushed ``version`` (a Hugging Face folder)."""
+    return role_dir / f"version_{version:06d}"
+
+
 def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict, tokenizer_source: str | None,
-              hf_state: dict | None = None) -> Path:
+              hf_state: dict | None = None, version_weights: dict[int, dict] | None = None) -> Path:
     """Write ``root/rollout_<id>/<role>`` atomically: HF weights (``hf_state`` when the caller has them already),
-    tokenizer files, and ``trainer_state.pt``."""
+    tokenizer files, ``trainer_state.pt``, and per pushed version in ``version_weights`` its HF weights."""
     final = rollout_dir(root, rollout_id) / role
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.tmp-", dir=final.parent))
@@ -45,6 +60,8 @@ def save_role(root: str, rollout_id: int, role: str, model, trainer_state: dict,
                 model.save_pretrained(staging)
             else:
                 model.save_pretrained(staging, hf_state=hf_state)
+            for version, weights in (version_weights or {}).items():
+                model.save_pretrained(version_dir(staging, version), hf_state=weights)
         if tokenizer_source is not None:
             _copy_tokenizer_files(Path(tokenizer_source), staging)
         torch.save(trainer_state, staging / TRAINER_STATE_FILE)
@@ -78,6 +95,68 @@ def mark_latest(root: str, rollout_id: int) -> None:
     staging = marker.with_name(f".{LATEST_FILE}.tmp-{os.getpid()}")
     staging.write_text(f"{rollout_id}\n")
     os.replace(staging, marker)
+
+
+def save_run_state(root: str, rollout_id: int, run_state: dict) -> None:
+    """Write the driver's part of rollout ``rollout_id``'s checkpoint atomically, with ``CHECKPOINT_FORMAT``; call
+    before ``mark_latest``."""
+    final = rollout_dir(root, rollout_id) / RUN_STATE_FILE
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{RUN_STATE_FILE}.tmp-{os.getpid()}")
+    torch.save({"format": CHECKPOINT_FORMAT, **run_state}, staging)
+    os.replace(staging, final)
+
+
+def load_run_state(root: str, rollout_id: int) -> dict | None:
+    """The driver's part of a checkpoint; ``None`` for a format-1 checkpoint (it has none). A checkpoint of a newer
+    format than this miles reads is refused."""
+    path = rollout_dir(root, rollout_id) / RUN_STATE_FILE
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=False)
+    if state["format"] > CHECKPOINT_FORMAT:
+        raise MilesConfigError(
+            f"--load: {path} has checkpoint format {state['format']}, newer than this miles' {CHECKPOINT_FORMAT}: it "
+            "cannot be read. Resume with the miles that saved it, or start a new run from its weights: "
+            f"--hf-checkpoint {path.parent / 'actor'} without --load."
+        )
+    return state
+
+
+def inexact_resume_reason(run_state: dict | None, driver: str, update_weights_interval: int, keep_old_actor: bool,
+                          start_rollout_id: int | None, saved_rollout_id: int) -> str | None:
+    """Why a resume from this checkpoint cannot continue the straight run exactly, or None when it can."""
+    if run_state is None:
+        return (f"it was saved with checkpoint format 1 (before format {CHECKPOINT_FORMAT}), which holds no rollout in "
+                "flight and no weight-version tables")
+    if start_rollout_id is not None and start_rollout_id != saved_rollout_id + 1:
+        return f"--start-rollout-id {start_rollout_id} is not the rollout after the saved one ({saved_rollout_id + 1})"
+    if driver != run_state["driver"]:
+        return f"it was saved by {run_state['driver']}.py, and this is {driver}.py"
+    if driver == "train_async" and update_weights_interval != run_state["update_weights_interval"]:
+        return (f"it was saved with --update-weights-interval {run_state['update_weights_interval']}, and this run "
+                f"uses {update_weights_interval}")
+    if keep_old_actor != run_state["keep_old_actor"]:
+        return f"it was saved {'with' if run_state['keep_old_actor'] else 'without'} --keep-old-actor"
+    if driver == "train_async" and run_state["in_flight"] is None:
+        return "no rollout was in flight at the save (it was the last rollout of the saving run, or it failed)"
+    return None
+
+
+def resume_run_state(args, driver: str) -> tuple[dict | None, bool]:
+    """(the saved run state, whether the resume continues the straight run exactly) for ``--load``; (None, False)
+    without a checkpoint to load or with a format-1 one. An inexact resume is said in one line: its first rollout
+    is generated with the loaded weights (d = 0), and the weight versions continue from the saved count."""
+    saved = latest_rollout_id(args.load) if args.load else None
+    if saved is None:
+        return None, False
+    run_state = load_run_state(args.load, saved)
+    reason = inexact_resume_reason(run_state, driver, args.update_weights_interval, args.keep_old_actor,
+                                   args.start_rollout_id, saved)
+    if reason is not None:
+        logger.warning("--load %s: this resume is not exact (%s): its first rollout is generated with the loaded "
+                       "weights (d = 0) and the weight versions continue from the saved count.", args.load, reason)
+    return run_state, reason is None
 
 
 def latest_rollout_id(root: str) -> int | None:

@@ -39,6 +39,9 @@ class WeightSnapshotStore:
     def versions(self) -> list[int]:
         return sorted(self._snapshots)
 
+    def get(self, version: int) -> WeightSnapshot:
+        return self._snapshots[version]
+
     def add_pushed(self, version: int, state_dict: dict[str, torch.Tensor], digests: DigestTable,
                    native_digests: DigestTable | None = None) -> None:
         """Record the weights pushed as ``version`` (``digests``: the push's, per HF tensor); drop versions no

@@ -41,7 +41,7 @@ from miles.guard.divergence import check_finite_step, check_finite_weights
 from miles.guard.fingerprint import combine_digests, differing_tensors, digest_table, weights_are_finite
 from miles.backends.training_utils.parallel import process_parallel_state, set_parallel_state
 from miles.ranks.data_parallel import SingleRank, data_parallel_rank
-from miles.utils.errors import DivergenceError
+from miles.utils.errors import REPORT_BUG, DivergenceError, MilesConfigError
 from miles.utils.types import RolloutBatch, Sample
 
 Tensors = list[torch.Tensor]
@@ -148,9 +148,11 @@ class _TrainProcess:
         self.optimizer_steps += math.ceil(len(loss_masks) / self.args.global_batch_size)
         return metrics
 
-    def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str | None:
+    def save(self, root: str, rollout_id: int, extra_state: dict | None = None,
+             version_weights: dict[int, dict] | None = None) -> str | None:
         """One checkpoint per role: data-parallel replicas are identical, so only DP rank 0's tensor-parallel ranks
-        take part (they gather the weights and their optimizer states), and its TP rank 0 writes."""
+        take part (they gather the weights and their optimizer states), and its TP rank 0 writes.
+        ``version_weights``: HF weights of pushed versions to keep beside the role's own (the actor's)."""
         if not self.data_parallel.writes_checkpoint:
             return None
         optimizers = self.model.gather_over_tensor_parallel(self.optimizer.state_dict())  # each is its shards'
@@ -171,7 +173,7 @@ class _TrainProcess:
             **(extra_state or {}),
         }
         return str(checkpoint.save_role(root, rollout_id, self.role, self.model, state, self.args.hf_checkpoint,
-                                        hf_state))
+                                        hf_state, version_weights))
 
     def _load_trainer_state(self, root: str) -> dict | None:
         rollout_id = checkpoint.latest_rollout_id(root)
@@ -185,13 +187,17 @@ class _TrainProcess:
         checkpoint.check_same_optimizer(state, role_dir, self.args.optimizer, len(self.optimizer.param_groups))
         self.optimizer.load_state_dict(optimizers[self.model.tensor_parallel_rank])
         self.optimizer_steps = state["optimizer_steps"]
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+        _restore_rng(state)
         return state
 
     def model_and_optimizer_state(self) -> dict:
         """Copies of the weights and the optimizer state (to inspect a loaded or trained process)."""
         return {"model": self.model.native_state_dict(), "optimizer": self.optimizer.state_dict()}
+
+
+def _restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
 
 
 def _load_role_model(args, role: str, hf_folder: str, seed: int, num_threads: int) -> TrainModel:
@@ -235,6 +241,11 @@ class PolicyTrainer(_TrainProcess):
         self._prepared: _PreparedRollout | None = None
         self._guard_s = 0.0
         self._push_guard_s = 0.0  # the last export's finiteness check and fingerprint, reported with the next rollout
+        self._resume_push: tuple[int, dict | None] | None = None  # an exact resume's first push (_restore_pushes)
+        # The engines' weights, once the actor trained past them (--update-weights-interval > 1), for a save; with
+        # --keep-old-actor the snapshot store holds them already.
+        self._keeps_engine_weights = bool(args.save) and args.update_weights_interval > 1 and self.snapshots is None
+        self._engine_weights: tuple[int, dict] | None = None
 
     @staticmethod
     def _load_ref_model(args):
@@ -245,18 +256,69 @@ class PolicyTrainer(_TrainProcess):
         ref.module.eval().requires_grad_(False)
         return ref
 
-    def init(self) -> int:
-        """Load ``--load`` if it has a checkpoint; return the first rollout id to train."""
+    def init(self, exact_resume: bool = False) -> int:
+        """Load ``--load`` if it has a checkpoint; return the first rollout id to train. ``exact_resume``: the run
+        continues the straight run (``checkpoint.resume_run_state``), so the guard's version tables, the snapshots
+        and the engines' weights are restored as well, and the start-up push re-pushes the engines' version."""
         state = self._load_trainer_state(self.args.load) if self.args.load else None
         if state is None:
             return self.args.start_rollout_id or 0
         self.weight_version = state["weight_version"]
         self.trained_rollout = state["rollout_id"]
+        if exact_resume:
+            self._restore_pushes(state)
         return self.args.start_rollout_id if self.args.start_rollout_id is not None else state["rollout_id"] + 1
 
+    def _restore_pushes(self, state: dict) -> None:
+        """The straight run's pushes as the save left them: the version -> rollouts-trained and fingerprint tables,
+        the --keep-old-actor snapshots, and the version the engines held, to be pushed again under its own number
+        (``export_weights``). Saved weights load only if they hash to the fingerprint recorded at their push."""
+        self.version_to_rollouts_trained = dict(state["version_to_rollouts_trained"])
+        self.pushed_fingerprints = dict(state["pushed_fingerprints"])
+        role_dir = checkpoint.rollout_dir(self.args.load, state["rollout_id"]) / self.role
+        saved = {version: self._load_version(role_dir, version) for version in state["saved_versions"]}
+        engine_version = state["weight_version"]
+        if self.snapshots is not None:  # the snapshots older than the engines' (they are saved with it, and only then)
+            for version in sorted(v for v in saved if v != engine_version):
+                self.snapshots.add_pushed(version, *saved[version])
+        self.weight_version = engine_version - 1
+        self._resume_push = (engine_version, saved[engine_version][0] if engine_version in saved else None)
+        _restore_rng(state)  # loading a model seeds torch
+
+    def _load_version(self, role_dir, version: int) -> tuple[dict, dict, dict | None]:
+        """(native weights, HF digests, native digests) of a saved pushed version, checked against its fingerprint."""
+        folder = checkpoint.version_dir(role_dir, version)
+        model = load_train_model(self.args.train_backend, "actor", str(folder), self.args.seed,
+                                 self.args.tensor_model_parallel_size)
+        digests = digest_table(model.hf_state_dict())
+        if combine_digests(digests) != self.pushed_fingerprints[version]:
+            raise MilesConfigError(
+                f"--load: {folder} holds weights with fingerprint {combine_digests(digests)[:12]}, but weight version "
+                f"{version} was pushed with {self.pushed_fingerprints[version][:12]}: the checkpoint was changed after "
+                f"it was saved. Load an intact checkpoint, or start a new run from its weights: --hf-checkpoint "
+                f"{role_dir} without --load."
+            )
+        native = model.module.state_dict()
+        return native, digests, digests if model.native_layout_is_hf else None
+
     def save(self, root: str, rollout_id: int, extra_state: dict | None = None) -> str:
-        # Snapshots are not saved: a resumed run regenerates its first rollout with the loaded weights (d = 0).
-        return super().save(root, rollout_id, {"weight_version": self.weight_version, **(extra_state or {})})
+        """The checkpoint also holds the guard's tables and the weights of the pushed versions still live (the
+        engines', the --keep-old-actor snapshots) that are not the actor's own, so a resume continues exactly."""
+        live = {self.weight_version, *(self.snapshots.versions() if self.snapshots is not None else ())}
+        weights = {version: self._pushed_weights(version) for version in sorted(live)
+                   if version > 0 and self.version_to_rollouts_trained.get(version) != rollout_id + 1}
+        pushes = {"weight_version": self.weight_version, "saved_versions": sorted(weights),
+                  "version_to_rollouts_trained": self.version_to_rollouts_trained,
+                  "pushed_fingerprints": self.pushed_fingerprints}
+        return super().save(root, rollout_id, {**pushes, **(extra_state or {})}, weights)
+
+    def _pushed_weights(self, version: int) -> dict:
+        """HF weights of a pushed version that the live weights moved past (on every TP rank: it gathers)."""
+        if self.snapshots is not None and version in self.snapshots.versions():
+            return self.model.hf_state_dict(self.snapshots.get(version).state_dict)
+        if self._engine_weights is not None and self._engine_weights[0] == version:
+            return self._engine_weights[1]
+        raise RuntimeError(f"the weights of pushed version {version} are no longer held. {REPORT_BUG}")
 
     def export_weights(self, rollouts_trained: int, after_training: bool = False) -> dict:
         """Weights for the engines as the next version, with their fingerprint; with --keep-old-actor, a snapshot.
@@ -264,10 +326,28 @@ class PolicyTrainer(_TrainProcess):
         ``after_training``: this push follows the training of rollout ``rollouts_trained - 1``. The driver submits
         it together with that ``train`` (Ray runs them in order), so it checks here that the training succeeded:
         weights that do not hold it are never pushed (that failure is the run's error; this one only follows it).
+        The start-up push of an exact resume pushes the engines' saved version again instead (``_restore_pushes``).
         """
+        if self._resume_push is not None:
+            return self._push_again(*self._resume_push)
         if after_training and self.trained_rollout != rollouts_trained - 1:
             raise RuntimeError(f"weight version {self.weight_version + 1} is not pushed: the weights do not hold the "
                                f"training of rollout {rollouts_trained - 1}, which failed (that error is the cause)")
+        return self._export(rollouts_trained)
+
+    def _push_again(self, version: int, native_state: dict | None) -> dict:
+        """Push saved ``version`` (``native_state``, or the live weights) under its own number and fingerprint."""
+        self._resume_push, fingerprint = None, self.pushed_fingerprints[version]
+        with self.model.swapped_weights(native_state) if native_state is not None else contextlib.nullcontext():
+            pushed = self._export(self.version_to_rollouts_trained[version])
+        if pushed["fingerprint"] != fingerprint:
+            raise MilesConfigError(
+                f"--load: the actor's weights hash to fingerprint {pushed['fingerprint'][:12]}, but weight version "
+                f"{version} was pushed with {fingerprint[:12]}: the checkpoint was changed after it was saved. Load an "
+                f"intact checkpoint, or start a new run from its weights (--hf-checkpoint) without --load.")
+        return pushed
+
+    def _export(self, rollouts_trained: int) -> dict:
         self.weight_version += 1
         state_dict = self.model.hf_state_dict()  # exactly what the engines load and fingerprint
         start = time.perf_counter()
@@ -286,6 +366,8 @@ class PolicyTrainer(_TrainProcess):
             native_digests = digests if self.model.native_layout_is_hf else digest_table(native_state)
             self._push_guard_s += time.perf_counter() - start
             self.snapshots.add_pushed(self.weight_version, native_state, digests, native_digests)
+        elif self._keeps_engine_weights:
+            self._engine_weights = (self.weight_version, state_dict)
         return {"version": self.weight_version, "fingerprint": fingerprint, "state_dict": state_dict}
 
     @contextlib.contextmanager

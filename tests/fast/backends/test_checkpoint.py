@@ -9,14 +9,19 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from miles.backends.training_utils.checkpoint import (
-    check_same_optimizer,
+    CHECKPOINT_FORMAT,
     LATEST_FILE,
+    RUN_STATE_FILE,
+    check_same_optimizer,
     check_same_train_backend,
+    inexact_resume_reason,
     latest_rollout_id,
+    load_run_state,
     load_trainer_state,
     mark_latest,
     rollout_dir,
     save_role,
+    save_run_state,
 )
 from miles.models.hf import load_causal_lm
 from miles.utils.errors import MilesConfigError
@@ -171,3 +176,39 @@ def test_a_checkpoint_without_the_schedules_position_or_of_another_optimizer_is_
         check_same_optimizer(old, tmp_path, "adam", 2)
     with pytest.raises(MilesConfigError, match="saved with --optimizer adam.*Resume with --optimizer adam"):
         check_same_optimizer(state, tmp_path, "sgd", 2)
+
+
+def _run_state(**changes) -> dict:
+    state = {"format": 2, "driver": "train_async", "update_weights_interval": 2, "keep_old_actor": True,
+             "staleness_origin": 0, "prompt_position": 12, "in_flight": {"rollout": "rollout 3", "metrics": {}}}
+    return {**state, **changes}
+
+
+def test_run_state_round_trips_with_the_format_and_a_newer_format_is_refused(tmp_path):
+    root = str(tmp_path)
+    rollout_dir(root, 2).mkdir(parents=True)
+    assert load_run_state(root, 2) is None  # format 1: no run_state.pt
+    fields = {key: value for key, value in _run_state().items() if key != "format"}
+    save_run_state(root, 2, fields)
+    assert load_run_state(root, 2) == {"format": CHECKPOINT_FORMAT, **fields}
+    assert [path.name for path in rollout_dir(root, 2).iterdir()] == [RUN_STATE_FILE]  # no staging file left
+    torch.save(_run_state(format=CHECKPOINT_FORMAT + 1), rollout_dir(root, 2) / RUN_STATE_FILE)
+    with pytest.raises(MilesConfigError, match=f"format {CHECKPOINT_FORMAT + 1}, newer than this miles'"):
+        load_run_state(root, 2)
+
+
+@pytest.mark.parametrize(("run_state", "driver", "interval", "keep_old_actor", "start", "words"), [
+    (_run_state(), "train_async", 2, True, None, None),
+    (_run_state(), "train_async", 2, True, 3, None),
+    (None, "train_async", 2, True, None, "checkpoint format 1"),
+    (_run_state(), "train_async", 2, True, 5, "--start-rollout-id 5"),
+    (_run_state(), "train", 2, True, None, "saved by train_async.py"),
+    (_run_state(), "train_async", 1, True, None, "--update-weights-interval 2"),
+    (_run_state(), "train_async", 2, False, None, "saved with --keep-old-actor"),
+    (_run_state(in_flight=None), "train_async", 2, True, None, "no rollout was in flight"),
+    (_run_state(driver="train", in_flight=None), "train", 1, True, None, None),  # sync: nothing is in flight
+])
+def test_a_resume_is_exact_only_when_it_continues_the_saving_run(run_state, driver, interval, keep_old_actor, start,
+                                                                  words):
+    reason = inexact_resume_reason(run_state, driver, interval, keep_old_actor, start, saved_rollout_id=2)
+    assert reason is None if words is None else words in reason

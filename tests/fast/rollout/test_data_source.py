@@ -154,3 +154,22 @@ def test_loaded_embedded_data_feeds_the_source(embedded):
     fresh = PromptDataSource(prompts, rollout_batch_size=16, shuffle=True, seed=42)
     assert json.dumps(fresh.get_prompts(5)) == json.dumps(source.get_prompts(5))
     assert {p["prompt"] for k in range(5) for p in source.get_prompts(k)} == {p["prompt"] for p in prompts}
+
+
+def _stream_slice(shuffle: bool, start: int, stop: int) -> list[dict]:
+    """Positions [start, stop) of the reference stream (batch size 1 reads one position per rollout)."""
+    return [_reference_batch(PROMPTS, 1, shuffle, 5, position)[0] for position in range(start, stop)]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_resume_continues_at_the_saved_position_even_with_another_batch_size(shuffle):
+    """Rollouts 0-2 at B = 3 read positions 0-8; a resume at rollout 3 with B = 4 reads 9-12, 13-16: nothing is
+    skipped or repeated across the stop."""
+    saving = PromptDataSource(PROMPTS, rollout_batch_size=3, shuffle=shuffle, seed=5)
+    resumed = PromptDataSource(PROMPTS, rollout_batch_size=4, shuffle=shuffle, seed=5)
+    resumed.continue_at(3, saving.position(3))
+    assert saving.position(3) == 9 and resumed.position(4) == 13
+    read = [p for k in range(3) for p in saving.get_prompts(k)] + [p for k in (3, 4) for p in resumed.get_prompts(k)]
+    assert read == _stream_slice(shuffle, 0, 17)
+    with pytest.raises(ValueError, match="rollout_id=2: must be an integer >= 3"):
+        resumed.get_prompts(2)

@@ -22,9 +22,11 @@ class _Role:
 
 def _run(tmp_path, actor_holds, critic_holds, save=True) -> TrainingRun:
     (tmp_path / "ckpt").mkdir()  # the roles' saves, stubbed here, would create it
-    args = SimpleNamespace(save=str(tmp_path / "ckpt") if save else None, critic_save=str(tmp_path / "ckpt"))
-    run = TrainingRun(args, rollout_manager=None, actor=_Role(actor_holds), critic=_Role(critic_holds), tracker=None,
-                      start_rollout_id=0)
+    args = SimpleNamespace(save=str(tmp_path / "ckpt") if save else None, critic_save=str(tmp_path / "ckpt"),
+                           update_weights_interval=1, keep_old_actor=False)
+    manager = SimpleNamespace(prompt_position=SimpleNamespace(remote=lambda rollout_id: 4 * rollout_id))
+    run = TrainingRun(args, rollout_manager=manager, actor=_Role(actor_holds), critic=_Role(critic_holds),
+                      tracker=None, start_rollout_id=0)
     run.last_finished_rollout = 3
     return run
 
@@ -38,6 +40,8 @@ def test_a_stop_saves_the_last_finished_rollout_when_every_process_holds_it(tmp_
     run = _run(tmp_path, actor_holds=3, critic_holds=3)
     error = run.stopped(DivergenceError("rollout 4, actor: the loss is nan at optimizer step 1"))
     assert run.actor.saved == run.critic.saved == [3] and checkpoint.latest_rollout_id(run.args.save) == 3
+    run_state = checkpoint.load_run_state(run.args.save, 3)  # no generation was in flight: nothing is carried
+    assert (run_state["prompt_position"], run_state["in_flight"]) == (16, None)
     assert str(error) == (f"rollout 4, actor: the loss is nan at optimizer step 1 Saved rollout 3 in {run.args.save}; "
                           f"resume with --load {run.args.save}.")
 
