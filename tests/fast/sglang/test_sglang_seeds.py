@@ -16,7 +16,8 @@ class _RecordingEngine:
 
     def generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num=None):
         self.sampling_params = sampling_params
-        meta = {"output_token_logprobs": [(-0.5, self.token, None)], "weight_version": "1"}
+        meta = {"output_token_logprobs": [(-0.5, self.token, None)], "weight_version": "1",
+                "finish_reason": {"type": "stop"}}  # the eos token ended each response
         return [{"output_ids": [self.token], "meta_info": meta} for _ in input_ids]
 
 
