@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from miles.backends.training_utils.loss import (
@@ -346,7 +346,9 @@ def test_micro_batching_gives_the_same_accumulated_gradient(seed, per_token, est
 
     for loss_fn in (policy, critic):
         full = accumulated_gradient(loss_fn, features, batch, 8, divisor)
-        assert full.abs().sum() > 0
+        # A gradient of exactly 0 would make the comparison vacuous: draw another example. It happens for 1 seed in
+        # 10,001 (912: every unmasked value clipped), which a fresh Hypothesis run can draw.
+        assume(full.abs().sum() > 0)
         for micro_batch_size in (1, 3):
             torch.testing.assert_close(accumulated_gradient(loss_fn, features, batch, micro_batch_size, divisor), full)
 
