@@ -360,8 +360,27 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--rollout-seed", type=int, default=42, help="Seed of rollout sampling. (default: %(default)s)")
     group.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompt data each epoch.")
+    # Upstream sizes the rollout in GPUs; without GPUs a "GPU" is one engine process with one CPU bundle (docs/training.md).
     group.add_argument(
-        "--rollout-num-engines", type=int, default=1, help="Rollout engines (one CPU bundle each). (default: %(default)s)"
+        "--rollout-num-gpus", type=int, default=None,
+        help="GPUs of the rollout engines: engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (upstream's "
+        "sizing; without GPUs a 'GPU' is one engine process with one CPU bundle). "
+        "(default: --rollout-num-engines x --rollout-num-gpus-per-engine)",
+    )
+    group.add_argument(
+        "--rollout-num-gpus-per-engine", type=int, default=1,
+        help="GPUs per engine (SGLang's tensor-parallel size). Only 1: every miles engine is one process; "
+        "tensor-parallel engines are not implemented. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--num-gpus-per-node", type=int, default=8,
+        help="GPUs of one node for the rollout engines: an engine of more GPUs than this spans nodes (upstream's "
+        "placement); with one-process engines none does. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--rollout-num-engines", type=int, default=None,
+        help="Rollout engines, one CPU bundle each: another name for --rollout-num-gpus / "
+        "--rollout-num-gpus-per-engine; giving both, they must agree. (default: that quotient, or 1)",
     )
     group.add_argument(
         "--rollout-backend",

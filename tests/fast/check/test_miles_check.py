@@ -644,6 +644,8 @@ class TestMainScripts:
         assert status == 0
         assert "train_async.py: OK; contract: OK (--keep-old-actor)" in out
         assert "--sequence-parallel" in out
+        # a range error is a note beside the contract's verdict (a tensor-parallel engine: --rollout-num-gpus-per-engine 2)
+        assert "error: --rollout-num-gpus-per-engine is 2, but it must be >= 1 and <= 1" in out
 
     def test_ray_job_submit_launcher_passes(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "ray_job_submit_tis.sh"])

@@ -55,7 +55,7 @@ def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
 def test_accepted_values_compare_as_numbers_and_set_nothing():
     plain = vars(_parse([]))
     for words in (["--context-parallel-size", "1"], ["--attention-dropout", "0.0"], ["--hidden-dropout", "0"],
-                  ["--attention-softmax-in-fp32"], ["--rollout-num-gpus-per-engine", "1"],
+                  ["--attention-softmax-in-fp32"],
                   ["--attention-backend", "local"]):
         namespace = _parse(words)
         assert refusal_line(namespace) is None and vars(namespace) == plain, words
