@@ -11,6 +11,7 @@ imports nothing heavy. The correction flags come from the corrections table (``m
 """
 
 import argparse
+import json
 
 from miles.conformance.departures import help_lines
 from miles.config import corrections, refused
@@ -353,6 +354,15 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-prompt-data", default=None, help="JSONL held-out prompt file. (default: the embedded task's eval split)"
     )
     group.add_argument("--input-key", default="prompt", help="JSONL key of the prompt. (default: %(default)s)")
+    group.add_argument(
+        "--apply-chat-template", action="store_true",
+        help="Render each prompt as one user message through the tokenizer's chat template (with the generation "
+        "prompt) before tokenizing it, as upstream. The embedded default's tokenizer has a small template of its own.",
+    )
+    group.add_argument(
+        "--apply-chat-template-kwargs", type=json.loads, default="{}",
+        help="JSON object of extra chat-template variables, e.g. '{\"enable_thinking\": false}'. (default: %(default)s)",
+    )
     group.add_argument("--label-key", default="label", help="JSONL key of the label. (default: %(default)s)")
     group.add_argument("--rollout-temperature", type=float, default=1.0, help="Sampling temperature. (default: %(default)s)")
     group.add_argument(

@@ -16,7 +16,7 @@ from transformers import AutoConfig
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.models.hf import check_hf_checkpoint, load_tokenizer
-from miles.rollout.data_source import load_prompt_data
+from miles.rollout.data_source import load_prompts
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
@@ -50,12 +50,11 @@ def preflight(args) -> int:
         outputs.append(("--critic-save", args.critic_save))
     for flag, folder in outputs:
         check_writable_folder(flag, folder)
-    prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
+    prompts = load_prompts(args, args.prompt_data, "--prompt-data")
     prompt_files = [("--prompt-data", args.prompt_data, prompts)]
     if args.eval_prompt_data is not None:
         eval_flag = "--eval-prompt-data"
-        eval_prompts = load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key, flag=eval_flag)
-        prompt_files.append((eval_flag, args.eval_prompt_data, eval_prompts))
+        prompt_files.append((eval_flag, args.eval_prompt_data, load_prompts(args, args.eval_prompt_data, eval_flag)))
     check_prompts_fit(args, prompt_files)
     get_reward_fn(args.rm_type, args.custom_rm_path)
     return len(prompts)
