@@ -18,6 +18,7 @@ from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags, refused
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
+from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 
@@ -113,6 +114,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_optimizer_arguments(parser)
         flags.add_backend_arguments(parser)
         flags.add_parallel_arguments(parser)
+        flags.add_architecture_arguments(parser)
         flags.add_rollout_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
         refused.add_refused_arguments(parser)
@@ -132,6 +134,10 @@ def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
     return get_miles_extra_args_provider(add_custom_arguments)(parser)
 
 
+ARCHITECTURE_DESTS = (*ARCHITECTURE_FLAG_DESTS, *GROUPS_FLAGS)
+_NOT_GIVEN = object()
+
+
 def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``.
 
@@ -139,9 +145,17 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
     argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser(add_custom_arguments)
-    args = parser.parse_args(argv)
+    # argparse sets a default only on a namespace without the attribute: the marker tells a given flag from one
+    # left at its default, so the preflight checks only the architecture flags the launch passed
+    args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(ARCHITECTURE_DESTS, _NOT_GIVEN)))
     if (refusal := refused.refusal_line(args)) is not None:
         parser.error(refusal)  # exit 2, before any check reads a value and before Ray starts
+    args.architecture_given = {}
+    for dest in ARCHITECTURE_DESTS:
+        if getattr(args, dest) is _NOT_GIVEN:
+            setattr(args, dest, parser.get_default(dest))
+        else:
+            args.architecture_given[dest] = getattr(args, dest)
     args.sglang_words = sglang_words
     miles_validate_args(args)
     return args

@@ -122,6 +122,12 @@ FLAG_RULES: dict[str, Range] = {
     "critic_num_gpus_per_node": AT_LEAST_ONE,
     "tensor_model_parallel_size": AT_LEAST_ONE,
     "pipeline_model_parallel_size": Range(low=1, high=1, example="1", why="pipeline parallelism is not implemented"),
+    # model architecture (checked against the checkpoint: miles/models/architecture.py)
+    **dict.fromkeys(("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+                     "vocab_size", "num_query_groups"), AT_LEAST_ONE),
+    "layernorm_epsilon": Range(low=0, low_open=True, example="1e-6", why="it keeps the norm's denominator away from 0"),
+    "rotary_base": Range(low=0, low_open=True, example="10000", why="the rotary frequencies are powers of it"),
+    "rotary_percent": Range(low=0, high=1, low_open=True, example="1.0", why="the fraction of each head rotated"),
     # rollout and data
     "rollout_temperature": Range(low=0, low_open=True, example="1.0",
                                  why="log-probs are taken under logits / temperature"),
@@ -154,8 +160,11 @@ PATH_FLAGS = ("save_debug_rollout_data", "hf_checkpoint", "ref_load", "prompt_da
               "critic_save", "log_dir", "wandb_dir")
 
 
+NAMED_OTHERWISE = {"layernorm_epsilon": "--norm-epsilon"}  # upstream's dest is not its flag's name
+
+
 def flag_name(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+    return NAMED_OTHERWISE.get(dest, "--" + dest.replace("_", "-"))
 
 
 def _check_value(dest: str, rule: Range, value) -> None:

@@ -339,6 +339,40 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_architecture_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron's model-architecture flags, with upstream's names and defaults (miles/models/architecture.py)."""
+    group = parser.add_argument_group(
+        "model architecture (checked against --hf-checkpoint)",
+        "miles builds the model from --hf-checkpoint's config.json; each of these flags given on the command line "
+        "(as upstream's scripts/models/*.sh pass them) must agree with it, checked before Ray starts.",
+    )
+    for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+                 "--vocab-size"):
+        group.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS if flag != "--num-layers" else
+                           "--num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads, --kv-channels, "
+                           "--vocab-size: checked against config.json.")
+    group.add_argument("--group-query-attention", action="store_true",
+                       help="With --num-query-groups N: N key-value heads (config.json's num_key_value_heads).")
+    group.add_argument("--num-query-groups", type=int, default=1, help=argparse.SUPPRESS)
+    group.add_argument("--normalization", type=str, choices=["LayerNorm", "RMSNorm"], default="LayerNorm",
+                       help="Checked against config.json (RMSNorm when it has rms_norm_eps). (default: %(default)s)")
+    group.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5,
+                       help="Checked against rms_norm_eps (or layer_norm_eps). (default: %(default)s)")
+    group.add_argument("--position-embedding-type", type=str, default="learned_absolute",
+                       choices=["learned_absolute", "rope", "mrope", "relative", "none"],
+                       help="Checked against config.json (rope when it has rope_theta). (default: %(default)s)")
+    group.add_argument("--rotary-base", type=int, default=10000, help="Checked against rope_theta. (default: %(default)s)")
+    group.add_argument("--rotary-percent", type=float, default=1.0,
+                       help="Checked against partial_rotary_factor. (default: %(default)s)")
+    for flag in ("--swiglu", "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights",
+                 "--add-qkv-bias", "--qk-layernorm"):
+        group.add_argument(flag, action="store_true", help=argparse.SUPPRESS if flag != "--swiglu" else
+                           "--swiglu, --use-rotary-position-embeddings, --untie-embeddings-and-output-weights, "
+                           "--add-qkv-bias, --qk-layernorm, --disable-bias-linear: each checked against the "
+                           "checkpoint (hidden_act, rope_theta, tie_word_embeddings, its .bias and q_norm tensors).")
+    group.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear", help=argparse.SUPPRESS)
+
+
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rollout and data")
     group.add_argument(

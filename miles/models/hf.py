@@ -95,6 +95,18 @@ def _hf_folder_problem(folder: Path) -> str | None:
     return f"the folder has no weights ({' or '.join(WEIGHT_FILES + (SAFETENSORS_INDEX,))})"
 
 
+def weight_names(folder: Path) -> set[str]:
+    """The names of the checkpoint's tensors (from the safetensors index or headers; a pickle is memory-mapped),
+    without loading a tensor. ``folder`` passed ``check_hf_checkpoint``."""
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    if (folder / "model.safetensors").is_file():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            return set(weights.keys())
+    return set(torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True))
+
+
 def _safetensors_problem(path: Path) -> str | None:
     """safetensors checks the header and that the file is as long as the header says: a truncated or damaged file
     fails here, in about a millisecond, instead of in a train actor's __init__."""

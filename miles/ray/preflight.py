@@ -7,6 +7,7 @@ written anywhere when it is raised. The flag values themselves were checked earl
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from transformers import AutoConfig
 
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
-from miles.models.hf import check_hf_checkpoint, load_tokenizer
+from miles.models.architecture import architecture_mismatches, checkpoint_architecture
+from miles.models.hf import check_hf_checkpoint, load_tokenizer, weight_names
 from miles.rollout.data_source import load_prompts
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
@@ -34,7 +36,8 @@ def preflight(args) -> int:
 
     Returns the number of training prompts.
     """
-    check_hf_checkpoint(args.hf_checkpoint)
+    folder = check_hf_checkpoint(args.hf_checkpoint)
+    check_architecture_flags(args, folder)
     engine_class(args.rollout_backend).preflight(args)
     if args.train_backend == "megatron":
         check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
@@ -58,6 +61,21 @@ def preflight(args) -> int:
     check_prompts_fit(args, prompt_files)
     get_reward_fn(args.rm_type, args.custom_rm_path)
     return len(prompts)
+
+
+def check_architecture_flags(args, folder) -> None:
+    """The model-architecture flags the launch passed agree with the checkpoint (miles/models/architecture.py)."""
+    given = getattr(args, "architecture_given", {})
+    if not given:
+        return
+    config = json.loads((folder / "config.json").read_text())
+    problems = architecture_mismatches(given, checkpoint_architecture(config, weight_names(folder)))
+    if problems:
+        raise MilesConfigError(
+            f"the model-architecture flags disagree with --hf-checkpoint {args.hf_checkpoint}: {'; '.join(problems)}. "
+            "miles builds the model from the checkpoint: fix the flags (upstream's scripts/models file for this "
+            "model) or drop them."
+        )
 
 
 def check_rollouts_left(args) -> None:

@@ -70,13 +70,13 @@ def test_a_refused_flag_takes_the_words_upstreams_takes():
 
 
 def test_the_driver_stops_with_exit_2_before_ray_in_one_error_line():
-    result = subprocess.run([sys.executable, "train_async.py", "--sequence-parallel", "--num-layers", "36",
+    result = subprocess.run([sys.executable, "train_async.py", "--sequence-parallel", "--num-experts", "8",
                              "--use-tis", "--advantage-estimator", "ppo"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "unrecognized arguments" not in result.stderr
-    assert "--sequence-parallel:" in errors[0] and "--num-layers 36:" in errors[0]
+    assert "--sequence-parallel:" in errors[0] and "--num-experts 8:" in errors[0]
     assert "Ray" not in result.stderr  # Ray's start-up lines never appear: the parser stopped first
 
 
