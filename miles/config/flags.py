@@ -300,6 +300,18 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dropout_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("dropout")
+    group.add_argument("--attention-dropout", type=float, default=0.0,
+                       help="Dropout of the attention probabilities while training (--train-backend torch: the "
+                       "model's config field, e.g. attention_dropout; the rollout and the log-prob passes run "
+                       "without). (default: %(default)s)")
+    group.add_argument("--hidden-dropout", type=float, default=0.0,
+                       help="Dropout of the hidden states while training (--train-backend torch, for models whose "
+                       "config has one, e.g. hidden_dropout or resid_pdrop; Qwen2 and Llama have none). "
+                       "(default: %(default)s)")
+
+
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """How many ranks train each role and how they split the model (docs/ranks.md)."""
     group = parser.add_argument_group(

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.models.architecture import architecture_mismatches, checkpoint_architecture
-from miles.models.hf import check_hf_checkpoint, load_tokenizer, weight_names
+from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
 from miles.rollout.data_source import load_prompts
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
@@ -38,6 +38,7 @@ def preflight(args) -> int:
     """
     folder = check_hf_checkpoint(args.hf_checkpoint)
     check_architecture_flags(args, folder)
+    check_dropout(args, folder)
     engine_class(args.rollout_backend).preflight(args)
     if args.train_backend == "megatron":
         check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
@@ -76,6 +77,21 @@ def check_architecture_flags(args, folder) -> None:
             "miles builds the model from the checkpoint: fix the flags (upstream's scripts/models file for this "
             "model) or drop them."
         )
+
+
+def check_dropout(args, folder) -> None:
+    """--attention-dropout / --hidden-dropout have a config field to set on --train-backend torch; the megatron
+    backend trains without dropout (without CUDA its RNG tracker cannot seed it per model-parallel rank)."""
+    if not (args.attention_dropout or args.hidden_dropout):
+        return
+    if args.train_backend == "megatron":
+        raise MilesConfigError(
+            f"--attention-dropout {args.attention_dropout} --hidden-dropout {args.hidden_dropout} with --train-backend "
+            "megatron: without CUDA megatron's RNG tracker runs in its inference mode (docs/megatron.md), so dropout "
+            "would not follow the model-parallel seeds, and dropout with CUDA is not implemented in miles yet. Pass "
+            "0 for both, or --train-backend torch."
+        )
+    dropout_overrides(json.loads((folder / "config.json").read_text()), args.attention_dropout, args.hidden_dropout)
 
 
 def check_rollouts_left(args) -> None:
