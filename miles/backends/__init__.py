@@ -12,11 +12,14 @@ from __future__ import annotations
 from miles.config.flags import TRAIN_BACKENDS  # noqa: F401  (the names --train-backend accepts)
 
 
-def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1):
+def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1,
+                     dropout: dict | None = None):
     """The ``TrainModel`` of ``role`` ("actor" or "critic") on ``backend``, loaded from a Hugging Face folder.
 
     ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends;
-    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards.
+    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards. ``dropout`` (torch only: the megatron
+    backend trains without, ``check_dropout``): --attention-dropout / --hidden-dropout as ``load_role_model``'s
+    keywords.
     """
     import torch
 
@@ -24,7 +27,7 @@ def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_
     if backend == "torch":
         from miles.backends.torch_backend.models import HFTrainModel
 
-        return HFTrainModel.load(role, hf_folder)
+        return HFTrainModel.load(role, hf_folder, **(dropout or {}))
     if backend == "megatron":
         from miles.backends.megatron_backend.model import MegatronTrainModel
 

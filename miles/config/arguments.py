@@ -18,6 +18,7 @@ from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags, refused
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
+from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 
@@ -112,7 +113,9 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_loop_arguments(parser)
         flags.add_optimizer_arguments(parser)
         flags.add_backend_arguments(parser)
+        flags.add_dropout_arguments(parser)
         flags.add_parallel_arguments(parser)
+        flags.add_architecture_arguments(parser)
         flags.add_rollout_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
         refused.add_refused_arguments(parser)
@@ -132,6 +135,10 @@ def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
     return get_miles_extra_args_provider(add_custom_arguments)(parser)
 
 
+ARCHITECTURE_DESTS = (*ARCHITECTURE_FLAG_DESTS, *GROUPS_FLAGS)
+_NOT_GIVEN = object()
+
+
 def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``.
 
@@ -139,9 +146,17 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
     argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser(add_custom_arguments)
-    args = parser.parse_args(argv)
+    # argparse sets a default only on a namespace without the attribute: the marker tells a given flag from one
+    # left at its default, so the preflight checks only the architecture flags the launch passed
+    args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(ARCHITECTURE_DESTS, _NOT_GIVEN)))
     if (refusal := refused.refusal_line(args)) is not None:
         parser.error(refusal)  # exit 2, before any check reads a value and before Ray starts
+    args.architecture_given = {}
+    for dest in ARCHITECTURE_DESTS:
+        if getattr(args, dest) is _NOT_GIVEN:
+            setattr(args, dest, parser.get_default(dest))
+        else:
+            args.architecture_given[dest] = getattr(args, dest)
     args.sglang_words = sglang_words
     miles_validate_args(args)
     return args
@@ -154,9 +169,10 @@ def miles_validate_args(args) -> None:
     recorded in ``args.derived`` (``train()`` logs them once, after logging is configured), beside ``args.notes``:
     what the chosen combination of corrections means.
     """
-    check_flag_values(args)  # first: derived values must not be filled from a value out of range
     args.derived = []
+    # use_critic first: the contract reads it, and miles-check reports the contract's verdict beside a range error
     _derive(args, "use_critic", args.advantage_estimator == "ppo", f"--advantage-estimator {args.advantage_estimator}")
+    check_flag_values(args)  # before the rest: derived values must not be filled from a value out of range
     _fill(args, "eps_clip_high", args.eps_clip, "--eps-clip")
     _fill(args, "critic_lr", args.lr, "--lr")
     _fill(args, "critic_load", args.load, "--load")
@@ -169,6 +185,7 @@ def miles_validate_args(args) -> None:
     _fill(args, "eval_top_p", args.rollout_top_p, "--rollout-top-p")
     _fill(args, "eval_top_k", args.rollout_top_k, "--rollout-top-k")
     _derive_batch_sizes(args)
+    _derive_rollout_engines(args)
     _check_corrections(args)
     args.notes = [note] if (note := corrections.combination_note(args)) else []
     _check_kl(args)
@@ -220,6 +237,29 @@ def _derive_batch_sizes(args) -> None:
             f"(--rollout-batch-size x --n-samples-per-prompt). Pick a divisor of {samples}."
         )
     _derive(args, "num_steps_per_rollout", samples // args.global_batch_size, "from --global-batch-size")
+
+
+def _derive_rollout_engines(args) -> None:
+    """engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (upstream's sizing); --rollout-num-engines is
+    the same number under miles' name, so the two are filled from each other and must agree when both are given."""
+    per_engine, gpus, engines = args.rollout_num_gpus_per_engine, args.rollout_num_gpus, args.rollout_num_engines
+    if gpus is not None and gpus % per_engine:
+        raise MilesConfigError(
+            f"--rollout-num-gpus {gpus} is not a multiple of --rollout-num-gpus-per-engine {per_engine}, so the "
+            f"engines would not use every GPU. Pass a multiple of {per_engine}."
+        )
+    if gpus is not None and engines is not None and engines != gpus // per_engine:
+        raise MilesConfigError(
+            f"--rollout-num-engines {engines} contradicts --rollout-num-gpus {gpus} / --rollout-num-gpus-per-engine "
+            f"{per_engine} = {gpus // per_engine} engines. Pass only one of --rollout-num-engines and "
+            "--rollout-num-gpus."
+        )
+    if engines is None:
+        _derive(args, "rollout_num_engines", 1 if gpus is None else gpus // per_engine,
+                "neither it nor --rollout-num-gpus was given" if gpus is None
+                else "--rollout-num-gpus / --rollout-num-gpus-per-engine")
+    _fill(args, "rollout_num_gpus", args.rollout_num_engines * per_engine,
+          "--rollout-num-engines x --rollout-num-gpus-per-engine")
 
 
 def _check_corrections(args) -> None:

@@ -122,12 +122,24 @@ FLAG_RULES: dict[str, Range] = {
     "critic_num_gpus_per_node": AT_LEAST_ONE,
     "tensor_model_parallel_size": AT_LEAST_ONE,
     "pipeline_model_parallel_size": Range(low=1, high=1, example="1", why="pipeline parallelism is not implemented"),
+    "attention_dropout": Range(low=0, high=1, high_open=True, example="0.0", why="a probability of dropping"),
+    "hidden_dropout": Range(low=0, high=1, high_open=True, example="0.0", why="a probability of dropping"),
+    # model architecture (checked against the checkpoint: miles/models/architecture.py)
+    **dict.fromkeys(("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+                     "vocab_size", "num_query_groups"), AT_LEAST_ONE),
+    "layernorm_epsilon": Range(low=0, low_open=True, example="1e-6", why="it keeps the norm's denominator away from 0"),
+    "rotary_base": Range(low=0, low_open=True, example="10000", why="the rotary frequencies are powers of it"),
+    "rotary_percent": Range(low=0, high=1, low_open=True, example="1.0", why="the fraction of each head rotated"),
     # rollout and data
     "rollout_temperature": Range(low=0, low_open=True, example="1.0",
                                  why="log-probs are taken under logits / temperature"),
     "rollout_max_response_len": AT_LEAST_ONE,
     "rollout_seed": SEED,
     "rollout_num_engines": AT_LEAST_ONE,
+    "rollout_num_gpus": AT_LEAST_ONE,
+    "rollout_num_gpus_per_engine": Range(low=1, high=1, example="1",
+                                         why="each engine is one process: tensor-parallel engines are not implemented"),
+    "num_gpus_per_node": AT_LEAST_ONE,
     "rollout_engine_start_timeout": Range(low=0, low_open=True, example="600",
                                           why="seconds an SGLang engine may take to start (about 30 here)"),
     "n_samples_per_eval_prompt": AT_LEAST_ONE,
@@ -150,8 +162,11 @@ PATH_FLAGS = ("save_debug_rollout_data", "hf_checkpoint", "ref_load", "prompt_da
               "critic_save", "log_dir", "wandb_dir")
 
 
+NAMED_OTHERWISE = {"layernorm_epsilon": "--norm-epsilon"}  # upstream's dest is not its flag's name
+
+
 def flag_name(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+    return NAMED_OTHERWISE.get(dest, "--" + dest.replace("_", "-"))
 
 
 def _check_value(dest: str, rule: Range, value) -> None:

@@ -11,6 +11,7 @@ imports nothing heavy. The correction flags come from the corrections table (``m
 """
 
 import argparse
+import json
 
 from miles.conformance.departures import help_lines
 from miles.config import corrections, refused
@@ -299,6 +300,18 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dropout_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("dropout")
+    group.add_argument("--attention-dropout", type=float, default=0.0,
+                       help="Dropout of the attention probabilities while training (--train-backend torch: the "
+                       "model's config field, e.g. attention_dropout; the rollout and the log-prob passes run "
+                       "without). (default: %(default)s)")
+    group.add_argument("--hidden-dropout", type=float, default=0.0,
+                       help="Dropout of the hidden states while training (--train-backend torch, for models whose "
+                       "config has one, e.g. hidden_dropout or resid_pdrop; Qwen2 and Llama have none). "
+                       "(default: %(default)s)")
+
+
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """How many ranks train each role and how they split the model (docs/ranks.md)."""
     group = parser.add_argument_group(
@@ -338,6 +351,40 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_architecture_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron's model-architecture flags, with upstream's names and defaults (miles/models/architecture.py)."""
+    group = parser.add_argument_group(
+        "model architecture (checked against --hf-checkpoint)",
+        "miles builds the model from --hf-checkpoint's config.json; each of these flags given on the command line "
+        "(as upstream's scripts/models/*.sh pass them) must agree with it, checked before Ray starts.",
+    )
+    for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+                 "--vocab-size"):
+        group.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS if flag != "--num-layers" else
+                           "--num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads, --kv-channels, "
+                           "--vocab-size: checked against config.json.")
+    group.add_argument("--group-query-attention", action="store_true",
+                       help="With --num-query-groups N: N key-value heads (config.json's num_key_value_heads).")
+    group.add_argument("--num-query-groups", type=int, default=1, help=argparse.SUPPRESS)
+    group.add_argument("--normalization", type=str, choices=["LayerNorm", "RMSNorm"], default="LayerNorm",
+                       help="Checked against config.json (RMSNorm when it has rms_norm_eps). (default: %(default)s)")
+    group.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5,
+                       help="Checked against rms_norm_eps (or layer_norm_eps). (default: %(default)s)")
+    group.add_argument("--position-embedding-type", type=str, default="learned_absolute",
+                       choices=["learned_absolute", "rope", "mrope", "relative", "none"],
+                       help="Checked against config.json (rope when it has rope_theta). (default: %(default)s)")
+    group.add_argument("--rotary-base", type=int, default=10000, help="Checked against rope_theta. (default: %(default)s)")
+    group.add_argument("--rotary-percent", type=float, default=1.0,
+                       help="Checked against partial_rotary_factor. (default: %(default)s)")
+    for flag in ("--swiglu", "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights",
+                 "--add-qkv-bias", "--qk-layernorm"):
+        group.add_argument(flag, action="store_true", help=argparse.SUPPRESS if flag != "--swiglu" else
+                           "--swiglu, --use-rotary-position-embeddings, --untie-embeddings-and-output-weights, "
+                           "--add-qkv-bias, --qk-layernorm, --disable-bias-linear: each checked against the "
+                           "checkpoint (hidden_act, rope_theta, tie_word_embeddings, its .bias and q_norm tensors).")
+    group.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear", help=argparse.SUPPRESS)
+
+
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rollout and data")
     group.add_argument(
@@ -353,6 +400,15 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-prompt-data", default=None, help="JSONL held-out prompt file. (default: the embedded task's eval split)"
     )
     group.add_argument("--input-key", default="prompt", help="JSONL key of the prompt. (default: %(default)s)")
+    group.add_argument(
+        "--apply-chat-template", action="store_true",
+        help="Render each prompt as one user message through the tokenizer's chat template (with the generation "
+        "prompt) before tokenizing it, as upstream. The embedded default's tokenizer has a small template of its own.",
+    )
+    group.add_argument(
+        "--apply-chat-template-kwargs", type=json.loads, default="{}",
+        help="JSON object of extra chat-template variables, e.g. '{\"enable_thinking\": false}'. (default: %(default)s)",
+    )
     group.add_argument("--label-key", default="label", help="JSONL key of the label. (default: %(default)s)")
     group.add_argument("--rollout-temperature", type=float, default=1.0, help="Sampling temperature. (default: %(default)s)")
     group.add_argument(
@@ -360,8 +416,27 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--rollout-seed", type=int, default=42, help="Seed of rollout sampling. (default: %(default)s)")
     group.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompt data each epoch.")
+    # Upstream sizes the rollout in GPUs; without GPUs a "GPU" is one engine process with one CPU bundle (docs/training.md).
     group.add_argument(
-        "--rollout-num-engines", type=int, default=1, help="Rollout engines (one CPU bundle each). (default: %(default)s)"
+        "--rollout-num-gpus", type=int, default=None,
+        help="GPUs of the rollout engines: engines = --rollout-num-gpus / --rollout-num-gpus-per-engine (upstream's "
+        "sizing; without GPUs a 'GPU' is one engine process with one CPU bundle). "
+        "(default: --rollout-num-engines x --rollout-num-gpus-per-engine)",
+    )
+    group.add_argument(
+        "--rollout-num-gpus-per-engine", type=int, default=1,
+        help="GPUs per engine (SGLang's tensor-parallel size). Only 1: every miles engine is one process; "
+        "tensor-parallel engines are not implemented. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--num-gpus-per-node", type=int, default=8,
+        help="GPUs of one node for the rollout engines: an engine of more GPUs than this spans nodes (upstream's "
+        "placement); with one-process engines none does. (default: %(default)s)",
+    )
+    group.add_argument(
+        "--rollout-num-engines", type=int, default=None,
+        help="Rollout engines, one CPU bundle each: another name for --rollout-num-gpus / "
+        "--rollout-num-gpus-per-engine; giving both, they must agree. (default: that quotient, or 1)",
     )
     group.add_argument(
         "--rollout-backend",

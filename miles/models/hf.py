@@ -29,12 +29,36 @@ from miles.utils.errors import MilesConfigError
 _PLAIN_FAST_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 
 
-def load_causal_lm(hf_checkpoint: str) -> torch.nn.Module:
-    """The HF causal LM in ``hf_checkpoint``, fp32, eval mode, from local files only."""
-    return _load_model(AutoModelForCausalLM, hf_checkpoint, "a causal LM").eval()
+# The config fields of each dropout of --attention-dropout / --hidden-dropout, as Hugging Face model families name them.
+DROPOUT_FIELDS = {
+    "--attention-dropout": ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"),
+    "--hidden-dropout": ("hidden_dropout", "hidden_dropout_prob", "resid_pdrop"),
+}
 
 
-def load_value_model(hf_checkpoint: str) -> torch.nn.Module:
+def dropout_overrides(config: dict, attention_dropout: float = 0.0, hidden_dropout: float = 0.0) -> dict:
+    """The config fields that set the two dropouts to the flags' values (every field of each the model has). A
+    nonzero dropout the model has no field for is a ``MilesConfigError``: it would be accepted and ignored."""
+    overrides = {}
+    for (flag, fields), value in zip(DROPOUT_FIELDS.items(), (attention_dropout, hidden_dropout), strict=True):
+        present = [field for field in fields if field in config]
+        if value and not present:
+            raise MilesConfigError(
+                f"{flag} {value}: the checkpoint's model ({config.get('model_type', 'unknown type')}) has no such "
+                f"dropout (its config.json has none of {', '.join(fields)}), so the value would be ignored. Pass "
+                f"{flag} 0, or a model with that dropout."
+            )
+        overrides.update(dict.fromkeys(present, value))
+    return overrides
+
+
+def load_causal_lm(hf_checkpoint: str, **dropout) -> torch.nn.Module:
+    """The HF causal LM in ``hf_checkpoint``, fp32, eval mode, from local files only; ``dropout``: the keywords of
+    ``dropout_overrides`` (the config's own dropout otherwise)."""
+    return _load_model(AutoModelForCausalLM, hf_checkpoint, "a causal LM", dropout=dropout).eval()
+
+
+def load_value_model(hf_checkpoint: str, **dropout) -> torch.nn.Module:
     """A critic: the same backbone with a one-output token-classification head (HF's ``score`` layer), fp32.
 
     From a causal-LM folder the head is new (initialized by transformers); from a saved critic it is loaded.
@@ -46,15 +70,16 @@ def load_value_model(hf_checkpoint: str) -> torch.nn.Module:
     transformers_logging.set_verbosity_error()  # "newly initialized weights: score" is expected for a new critic
     try:
         return _load_model(
-            AutoModelForTokenClassification, hf_checkpoint, "a critic", num_labels=1, classifier_dropout=0.0
+            AutoModelForTokenClassification, hf_checkpoint, "a critic", dropout=dropout, num_labels=1,
+            classifier_dropout=0.0,
         )
     finally:
         transformers_logging.set_verbosity(verbosity)
 
 
-def load_role_model(role: str, hf_checkpoint: str) -> torch.nn.Module:
+def load_role_model(role: str, hf_checkpoint: str, **dropout) -> torch.nn.Module:
     """The model a train role starts from: the critic for ``"critic"``, the causal LM for any other role."""
-    return load_value_model(hf_checkpoint) if role == "critic" else load_causal_lm(hf_checkpoint)
+    return (load_value_model if role == "critic" else load_causal_lm)(hf_checkpoint, **dropout)
 
 
 HF_CHECKPOINT_FIX = (
@@ -95,6 +120,18 @@ def _hf_folder_problem(folder: Path) -> str | None:
     return f"the folder has no weights ({' or '.join(WEIGHT_FILES + (SAFETENSORS_INDEX,))})"
 
 
+def weight_names(folder: Path) -> set[str]:
+    """The names of the checkpoint's tensors (from the safetensors index or headers; a pickle is memory-mapped),
+    without loading a tensor. ``folder`` passed ``check_hf_checkpoint``."""
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    if (folder / "model.safetensors").is_file():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            return set(weights.keys())
+    return set(torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True))
+
+
 def _safetensors_problem(path: Path) -> str | None:
     """safetensors checks the header and that the file is as long as the header says: a truncated or damaged file
     fails here, in about a millisecond, instead of in a train actor's __init__."""
@@ -107,10 +144,12 @@ def _safetensors_problem(path: Path) -> str | None:
         return f"its weights file {path.name} is truncated or damaged ({exc})"
 
 
-def _load_model(auto_class, hf_checkpoint: str, what: str, **config_overrides) -> torch.nn.Module:
+def _load_model(auto_class, hf_checkpoint: str, what: str, dropout: dict, **config_overrides) -> torch.nn.Module:
     folder = check_hf_checkpoint(hf_checkpoint)
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        if dropout:
+            config_overrides.update(dropout_overrides(config.to_dict(), **dropout))
         for name, value in config_overrides.items():  # set, not passed: from_pretrained drops unknown config keys
             setattr(config, name, value)
         with quiet_transformers_progress():

@@ -7,6 +7,7 @@ written anywhere when it is raised. The flag values themselves were checked earl
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from transformers import AutoConfig
 
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
-from miles.models.hf import check_hf_checkpoint, load_tokenizer
-from miles.rollout.data_source import load_prompt_data
+from miles.models.architecture import architecture_mismatches, checkpoint_architecture
+from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
+from miles.rollout.data_source import load_prompts
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
@@ -34,7 +36,9 @@ def preflight(args) -> int:
 
     Returns the number of training prompts.
     """
-    check_hf_checkpoint(args.hf_checkpoint)
+    folder = check_hf_checkpoint(args.hf_checkpoint)
+    check_architecture_flags(args, folder)
+    check_dropout(args, folder)
     engine_class(args.rollout_backend).preflight(args)
     if args.train_backend == "megatron":
         check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
@@ -50,15 +54,44 @@ def preflight(args) -> int:
         outputs.append(("--critic-save", args.critic_save))
     for flag, folder in outputs:
         check_writable_folder(flag, folder)
-    prompts = load_prompt_data(args.prompt_data, args.input_key, args.label_key)
+    prompts = load_prompts(args, args.prompt_data, "--prompt-data")
     prompt_files = [("--prompt-data", args.prompt_data, prompts)]
     if args.eval_prompt_data is not None:
         eval_flag = "--eval-prompt-data"
-        eval_prompts = load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key, flag=eval_flag)
-        prompt_files.append((eval_flag, args.eval_prompt_data, eval_prompts))
+        prompt_files.append((eval_flag, args.eval_prompt_data, load_prompts(args, args.eval_prompt_data, eval_flag)))
     check_prompts_fit(args, prompt_files)
     get_reward_fn(args.rm_type, args.custom_rm_path)
     return len(prompts)
+
+
+def check_architecture_flags(args, folder) -> None:
+    """The model-architecture flags the launch passed agree with the checkpoint (miles/models/architecture.py)."""
+    given = getattr(args, "architecture_given", {})
+    if not given:
+        return
+    config = json.loads((folder / "config.json").read_text())
+    problems = architecture_mismatches(given, checkpoint_architecture(config, weight_names(folder)))
+    if problems:
+        raise MilesConfigError(
+            f"the model-architecture flags disagree with --hf-checkpoint {args.hf_checkpoint}: {'; '.join(problems)}. "
+            "miles builds the model from the checkpoint: fix the flags (upstream's scripts/models file for this "
+            "model) or drop them."
+        )
+
+
+def check_dropout(args, folder) -> None:
+    """--attention-dropout / --hidden-dropout have a config field to set on --train-backend torch; the megatron
+    backend trains without dropout (without CUDA its RNG tracker cannot seed it per model-parallel rank)."""
+    if not (args.attention_dropout or args.hidden_dropout):
+        return
+    if args.train_backend == "megatron":
+        raise MilesConfigError(
+            f"--attention-dropout {args.attention_dropout} --hidden-dropout {args.hidden_dropout} with --train-backend "
+            "megatron: without CUDA megatron's RNG tracker runs in its inference mode (docs/megatron.md), so dropout "
+            "would not follow the model-parallel seeds, and dropout with CUDA is not implemented in miles yet. Pass "
+            "0 for both, or --train-backend torch."
+        )
+    dropout_overrides(json.loads((folder / "config.json").read_text()), args.attention_dropout, args.hidden_dropout)
 
 
 def check_rollouts_left(args) -> None:

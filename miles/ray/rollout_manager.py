@@ -2,13 +2,15 @@
 
 A plain class, made a Ray actor by ``create_rollout_manager``. It only dispatches, so its module imports no torch
 or transformers (the engines are created by the caller, who has them imported already); that keeps the manager's
-process start cheap. ``generate(rollout_id)`` returns the rollout and its
+process start cheap (a flag that needs one imports it when set: torch for --save-debug-rollout-data, the tokenizer
+for --apply-chat-template). ``generate(rollout_id)`` returns the rollout and its
 metrics as two objects, so the driver awaits the small metrics while the samples travel from here to the train
 actors as an object reference.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 
@@ -16,7 +18,7 @@ import ray
 
 from miles.guard.display import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
-from miles.rollout.data_source import PromptDataSource, load_prompt_data
+from miles.rollout.data_source import PromptDataSource, load_prompts
 from miles.rollout.engine_actor import engine_actor_class
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
@@ -43,11 +45,11 @@ class RolloutManager:
         self.args = args
         self.engines = engines
         self.data_source = PromptDataSource(
-            load_prompt_data(args.prompt_data, args.input_key, args.label_key),
+            load_prompts(args, args.prompt_data, "--prompt-data"),
             args.rollout_batch_size, args.rollout_shuffle, args.rollout_seed,
         )
         self.eval_prompts = (
-            load_prompt_data(args.eval_prompt_data, args.input_key, args.label_key) if args.eval_prompt_data else []
+            load_prompts(args, args.eval_prompt_data, "--eval-prompt-data") if args.eval_prompt_data else []
         )
         self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
         self.weight_version = 0

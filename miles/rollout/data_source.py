@@ -75,6 +75,38 @@ def _parse_line(line: str, line_number: int, source: str, input_key: str, label_
     return {"prompt": prompt, "label": label if isinstance(label, str) else json.dumps(label)}
 
 
+def load_prompts(args, path: str, flag: str) -> list[dict]:
+    """The prompt file at ``path`` as the rollout uses it: each prompt through the tokenizer's chat template under
+    --apply-chat-template (``chat_prompt``), as it is otherwise."""
+    prompts = load_prompt_data(path, args.input_key, args.label_key, flag=flag)
+    if not args.apply_chat_template:
+        return prompts
+    from miles.models.hf import load_tokenizer  # transformers: only for a templated launch
+
+    tokenizer = load_tokenizer(args.hf_checkpoint)
+    if tokenizer.chat_template is None:
+        raise MilesConfigError(
+            f"--apply-chat-template is set, but the tokenizer of --hf-checkpoint {args.hf_checkpoint} has no chat "
+            "template (no chat_template in its tokenizer_config.json). Use a chat model's checkpoint, or drop "
+            "--apply-chat-template to use the prompts as the data gives them."
+        )
+    kwargs = args.apply_chat_template_kwargs
+    if not isinstance(kwargs, dict):
+        raise MilesConfigError(
+            f"--apply-chat-template-kwargs is the JSON {type(kwargs).__name__} {kwargs!r}, but it must be an object "
+            'of template variables. Pass e.g. --apply-chat-template-kwargs \'{"enable_thinking": false}\'.'
+        )
+    return [{**prompt, "prompt": chat_prompt(tokenizer, prompt["prompt"], kwargs)} for prompt in prompts]
+
+
+def chat_prompt(tokenizer, text: str, kwargs: dict) -> str:
+    """Upstream's meaning of --apply-chat-template: the prompt text is one user message, rendered (not tokenized)
+    by the tokenizer's chat template with the generation prompt, the template variables of
+    --apply-chat-template-kwargs passed through."""
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+
+
 class PromptDataSource:
     """Rollout k gets the prompts at positions [p(k), p(k) + B) of an endless stream of epochs over the data,
     p(k) = p_s + (k − s)·B from the origin (s, p_s): (0, 0) for a fresh run, so p(k) = k·B.

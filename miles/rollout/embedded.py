@@ -36,7 +36,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from miles.models.hf import quiet_transformers_progress
 from miles.utils.errors import MilesConfigError
 
-CACHE_VERSION = "embedded-v1"  # bump when anything below changes, so stale caches are never reused
+CACHE_VERSION = "embedded-v2"  # v2: the tokenizer has a chat template (CHAT_TEMPLATE); the model is v1's  # bump when anything below changes, so stale caches are never reused
 CACHE_ENV_VAR = "MILES_CACHE_DIR"
 MANIFEST_NAME = "manifest.json"  # written last inside the build folder: its presence marks a complete build
 
@@ -61,13 +61,13 @@ class EmbeddedPaths:
 
 
 def default_cache_root() -> Path:
-    """``$MILES_CACHE_DIR`` if set, else ``~/.cache/miles``; the embedded default lives in ``<root>/embedded-v1``."""
+    """``$MILES_CACHE_DIR`` if set, else ``~/.cache/miles``; the embedded default lives in ``<root>/embedded-v2``."""
     from_env = os.environ.get(CACHE_ENV_VAR)
     return Path(from_env).expanduser() if from_env else Path.home() / ".cache" / "miles"
 
 
 def ensure_embedded_default(cache_dir: str | None = None) -> EmbeddedPaths:
-    """Return the embedded default's paths, building it first if ``<cache_dir>/embedded-v1`` is not complete.
+    """Return the embedded default's paths, building it first if ``<cache_dir>/embedded-v2`` is not complete.
 
     ``cache_dir`` defaults to :func:`default_cache_root`. Safe against crashes and concurrent callers: the build
     goes to a temporary folder that is renamed into place in one step; a loser of the race drops its own copy.
@@ -158,8 +158,18 @@ def build_embedded_default(out_dir: Path) -> None:
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+# The chat template (for --apply-chat-template): a conversation is its turns' text, each answer closed by <eos>,
+# the format the SFT warm-up teaches ("3+4=" then "7<eos>"). The generation prompt adds nothing, as the task's
+# prompts end with "=", so a single-turn prompt renders as itself and the model keeps its skill under the flag.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}<eos>{% endif %}{% endfor %}"
+)
+
+
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character of ``VOCAB``; encoding prepends ``<bos>``; decoding concatenates characters."""
+    """One token per character of ``VOCAB``; encoding prepends ``<bos>``; decoding concatenates characters; the
+    chat template is ``CHAT_TEMPLATE``."""
     vocab = {token: token_id for token_id, token in enumerate(VOCAB)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -167,7 +177,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
     )
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   chat_template=CHAT_TEMPLATE)
 
 
 def build_model(seed: int) -> Qwen2ForCausalLM:

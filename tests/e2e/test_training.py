@@ -119,3 +119,27 @@ def test_num_epoch_sets_the_number_of_rollouts(make_args):
     # 80 embedded training prompts, 40 per rollout: one epoch is two rollouts.
     records = run_sync(make_args("--num-epoch", "1", "--rollout-batch-size", "40", "--n-samples-per-prompt", "2"))
     assert column(records, "rollout_id") == [0, 1]
+
+
+def test_apply_chat_template_generates_from_the_rendered_prompts(make_args, embedded_cache, tmp_path):
+    """A copy of the embedded checkpoint whose template prefixes "0+": the rollout's prompts and prompt tokens are
+    the rendered ones, and the run trains (the embedded template itself renders a prompt as itself: fast tests)."""
+    import shutil
+
+    from miles.models.hf import load_tokenizer
+
+    folder = tmp_path / "templated"
+    shutil.copytree(embedded_cache.checkpoint_dir, folder)
+    tokenizer = load_tokenizer(str(folder))
+    tokenizer.chat_template = "0+{{ messages[0]['content'] }}"
+    tokenizer.save_pretrained(folder)
+    dump = tmp_path / "{rollout_id}.pt"
+    args = make_args("--hf-checkpoint", str(folder), "--apply-chat-template", "--num-rollout", "3",
+                     "--save-debug-rollout-data", str(dump))
+    records = run_sync(args)
+    assert column(records, "rollout_id") == [0, 1, 2]
+    samples = torch.load(str(dump).format(rollout_id=2), weights_only=False)["samples"]
+    for sample in samples:
+        assert sample["prompt"].startswith("0+") and sample["prompt"].count("+") == 2
+        prompt_ids = tokenizer(sample["prompt"])["input_ids"]
+        assert sample["tokens"][: len(prompt_ids)] == prompt_ids

@@ -37,8 +37,8 @@ class HFTrainModel(TrainModel):
     """A Hugging Face causal LM (the actor) or token-classification critic, trained as it is."""
 
     @classmethod
-    def load(cls, role: str, hf_folder: str) -> HFTrainModel:
-        return cls(load_role_model(role, hf_folder))
+    def load(cls, role: str, hf_folder: str, **dropout) -> HFTrainModel:
+        return cls(load_role_model(role, hf_folder, **dropout))
 
     def response_log_probs(self, samples, temperature, with_entropy=False):
         return response_log_probs(self.module, samples, temperature, with_entropy)

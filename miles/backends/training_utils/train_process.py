@@ -203,7 +203,8 @@ def _restore_rng(state: dict) -> None:
 def _load_role_model(args, role: str, hf_folder: str, seed: int, num_threads: int) -> TrainModel:
     """The role's model on ``--train-backend``, after pinning this process's torch threads (loading runs torch ops)."""
     torch.set_num_threads(num_threads)
-    return load_train_model(args.train_backend, role, hf_folder, seed, args.tensor_model_parallel_size)
+    dropout = {"attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout}
+    return load_train_model(args.train_backend, role, hf_folder, seed, args.tensor_model_parallel_size, dropout)
 
 
 def _load_dir(root: str | None, role: str, fallback: str) -> str:

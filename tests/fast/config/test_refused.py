@@ -41,25 +41,25 @@ def test_no_refused_flag_is_one_miles_implements():
 
 def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
     namespace = _parse(["--sequence-parallel", "--lr", "1e-4", "--bf16", "--context-parallel-size", "2",
-                        "--recompute-granularity", "full", "--hidden-dropout", "0.1"])
+                        "--recompute-granularity", "full", "--lora-rank", "8"])
     line = refusal_line(namespace)
     assert "\n" not in line and not hasattr(namespace, "refused_flags") and namespace.lr == 1e-4
     # the parallelism group's flags together, then its reason and what it accepts
     assert "--sequence-parallel, --context-parallel-size 2: miles' megatron backend has tensor parallelism" in line
     assert "(accepted: --context-parallel-size 1)" in line
-    for shown in ("--bf16", "--recompute-granularity full", "--hidden-dropout 0.1"):
+    for shown in ("--bf16", "--recompute-granularity full", "--lora-rank 8"):
         assert shown in line
     assert line.endswith("lists every refused flag and why).")
 
 
 def test_accepted_values_compare_as_numbers_and_set_nothing():
     plain = vars(_parse([]))
-    for words in (["--context-parallel-size", "1"], ["--attention-dropout", "0.0"], ["--hidden-dropout", "0"],
-                  ["--attention-softmax-in-fp32"], ["--rollout-num-gpus-per-engine", "1"],
+    for words in (["--context-parallel-size", "1"], ["--expert-model-parallel-size", "1.0"],
+                  ["--attention-softmax-in-fp32"],
                   ["--attention-backend", "local"]):
         namespace = _parse(words)
         assert refusal_line(namespace) is None and vars(namespace) == plain, words
-    assert refusal_line(_parse(["--attention-dropout", "0.1"])) is not None
+    assert refusal_line(_parse(["--context-parallel-size", "2"])) is not None
 
 
 def test_a_refused_flag_takes_the_words_upstreams_takes():
@@ -70,13 +70,13 @@ def test_a_refused_flag_takes_the_words_upstreams_takes():
 
 
 def test_the_driver_stops_with_exit_2_before_ray_in_one_error_line():
-    result = subprocess.run([sys.executable, "train_async.py", "--sequence-parallel", "--num-layers", "36",
+    result = subprocess.run([sys.executable, "train_async.py", "--sequence-parallel", "--num-experts", "8",
                              "--use-tis", "--advantage-estimator", "ppo"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "unrecognized arguments" not in result.stderr
-    assert "--sequence-parallel:" in errors[0] and "--num-layers 36:" in errors[0]
+    assert "--sequence-parallel:" in errors[0] and "--num-experts 8:" in errors[0]
     assert "Ray" not in result.stderr  # Ray's start-up lines never appear: the parser stopped first
 
 
@@ -90,4 +90,4 @@ def test_conformance_md_shows_the_refused_table_as_rendered_from_the_file():
     text = (REPO / "docs" / "conformance.md").read_text(encoding="utf-8")
     assert render_into(text, REFUSED_BEGIN, REFUSED_END, refused_markdown) == text, \
         "run: python -m miles.conformance.departures"
-    assert "| dropout (2) | `--hidden-dropout`, `--attention-dropout` | `--attention-dropout 0`, `--hidden-dropout 0` |" in text
+    assert "| model parallelism (55) | `--allgather-cp`, `--sequence-parallel`," in text

@@ -112,7 +112,7 @@ def test_second_call_returns_the_cache_without_rebuilding(embedded, monkeypatch)
 
     monkeypatch.setattr(embedded_lib, "build_embedded_default", must_not_build)
     assert ensure_embedded_default(str(root)) == embedded
-    assert [p.name for p in root.iterdir()] == ["embedded-v1"]  # no temporary build folders left
+    assert [p.name for p in root.iterdir()] == ["embedded-v2"]  # no temporary build folders left
 
 
 def test_cache_root_comes_from_the_environment(tmp_path, monkeypatch):
@@ -124,10 +124,10 @@ def test_cache_root_comes_from_the_environment(tmp_path, monkeypatch):
 
 def test_ensure_uses_the_environment_root(tmp_path, monkeypatch):
     monkeypatch.setenv("MILES_CACHE_DIR", str(tmp_path))
-    (tmp_path / "embedded-v1").mkdir()
-    (tmp_path / "embedded-v1" / "manifest.json").write_text("{}")  # a complete cache is known by its manifest
+    (tmp_path / "embedded-v2").mkdir()
+    (tmp_path / "embedded-v2" / "manifest.json").write_text("{}")  # a complete cache is known by its manifest
     paths = ensure_embedded_default()
-    assert paths.checkpoint_dir == str(tmp_path / "embedded-v1" / "checkpoint")
+    assert paths.checkpoint_dir == str(tmp_path / "embedded-v2" / "checkpoint")
 
 
 def test_crash_mid_build_leaves_no_cache(tmp_path, monkeypatch):
@@ -156,13 +156,13 @@ def test_losing_a_build_race_keeps_the_winners_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(embedded_lib, "build_embedded_default", build_while_another_process_wins)
     paths = ensure_embedded_default(str(tmp_path))
     assert len(calls) == 2
-    assert [p.name for p in tmp_path.iterdir()] == ["embedded-v1"]
-    assert json.loads((tmp_path / "embedded-v1" / "manifest.json").read_text())["cache_version"] == "embedded-v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["embedded-v2"]
+    assert json.loads((tmp_path / "embedded-v2" / "manifest.json").read_text())["cache_version"] == "embedded-v2"
     assert Path(paths.checkpoint_dir, "model.safetensors").is_file()
 
 
 def test_foreign_folder_in_the_cache_slot_is_a_clear_error(tmp_path):
-    (tmp_path / "embedded-v1").mkdir()
+    (tmp_path / "embedded-v2").mkdir()
     with pytest.raises(MilesConfigError, match=r"no manifest\.json.*Delete that folder"):
         ensure_embedded_default(str(tmp_path))
 
@@ -175,8 +175,8 @@ def test_unwritable_cache_root_is_a_clear_error(tmp_path):
 
 
 def test_stale_build_folders_are_removed_but_fresh_ones_kept(tmp_path):
-    stale = tmp_path / ".embedded-v1.build-old"
-    fresh = tmp_path / ".embedded-v1.build-running"
+    stale = tmp_path / ".embedded-v2.build-old"
+    fresh = tmp_path / ".embedded-v2.build-running"
     stale.mkdir()
     fresh.mkdir()
     two_hours_ago = stale.stat().st_mtime - 7200
