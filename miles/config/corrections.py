@@ -118,6 +118,11 @@ def denominators(labels: Sequence[str]) -> set[str]:
     return {correction(label).denominator for label in labels}
 
 
+def keeps_snapshots(labels: Sequence[str]) -> bool:
+    """Whether these rows keep a weight snapshot per pushed version (a row whose denominator is SNAPSHOT)."""
+    return SNAPSHOT in denominators(labels)
+
+
 def denominator(labels: Sequence[str]) -> str:
     """Where "old" comes from for these rows together (CURRENT when none replaces the recompute)."""
     sources = denominators(labels)

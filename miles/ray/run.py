@@ -20,6 +20,7 @@ import ray
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
+from miles.config import corrections
 from miles.guard import off_policy
 from miles.ranks.layout import train_layouts
 from miles.ranks.role import TrainRole, dead_rank_names, start_roles
@@ -225,7 +226,8 @@ class TrainingRun:
         """The driver's part of the checkpoint of ``rollout_id``: what the straight run has in flight (the next
         rollout, awaited here, with its metrics), its staleness schedule's origin and its prompts' position."""
         return {"driver": self.driver, "update_weights_interval": self.args.update_weights_interval,
-                "keep_old_actor": self.args.keep_old_actor, "staleness_origin": self.staleness_origin,
+                "keeps_snapshots": corrections.keeps_snapshots(corrections.chosen_labels(self.args)),
+                "staleness_origin": self.staleness_origin,
                 "prompt_position": ray.get(self.rollout_manager.prompt_position.remote(rollout_id + 1)),
                 "in_flight": self._finished_generation(rollout_id + 1)}
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from miles.config import corrections
 from miles.models.hf import quiet_transformers_progress
 from miles.utils.errors import MilesConfigError
 
@@ -123,7 +124,7 @@ def load_run_state(root: str, rollout_id: int) -> dict | None:
     return state
 
 
-def inexact_resume_reason(run_state: dict | None, driver: str, update_weights_interval: int, keep_old_actor: bool,
+def inexact_resume_reason(run_state: dict | None, driver: str, update_weights_interval: int, keeps_snapshots: bool,
                           start_rollout_id: int | None, saved_rollout_id: int) -> str | None:
     """Why a resume from this checkpoint cannot continue the straight run exactly, or None when it can."""
     if run_state is None:
@@ -136,8 +137,9 @@ def inexact_resume_reason(run_state: dict | None, driver: str, update_weights_in
     if driver == "train_async" and update_weights_interval != run_state["update_weights_interval"]:
         return (f"it was saved with --update-weights-interval {run_state['update_weights_interval']}, and this run "
                 f"uses {update_weights_interval}")
-    if keep_old_actor != run_state["keep_old_actor"]:
-        return f"it was saved {'with' if run_state['keep_old_actor'] else 'without'} --keep-old-actor"
+    if keeps_snapshots != run_state["keeps_snapshots"]:  # the snapshots of the versions in flight are in it, or not
+        return (f"it was saved {'with' if run_state['keeps_snapshots'] else 'without'} a weight snapshot per pushed "
+                f"version (--keep-old-actor), and this run keeps {'them' if keeps_snapshots else 'none'}")
     if driver == "train_async" and run_state["in_flight"] is None:
         return "no rollout was in flight at the save (it was the last rollout of the saving run, or it failed)"
     return None
@@ -151,7 +153,8 @@ def resume_run_state(args, driver: str) -> tuple[dict | None, bool]:
     if saved is None:
         return None, False
     run_state = load_run_state(args.load, saved)
-    reason = inexact_resume_reason(run_state, driver, args.update_weights_interval, args.keep_old_actor,
+    keeps_snapshots = corrections.keeps_snapshots(corrections.chosen_labels(args))
+    reason = inexact_resume_reason(run_state, driver, args.update_weights_interval, keeps_snapshots,
                                    args.start_rollout_id, saved)
     if reason is not None:
         logger.warning("--load %s: this resume is not exact (%s): its first rollout is generated with the loaded "

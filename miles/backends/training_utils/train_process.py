@@ -231,8 +231,7 @@ class PolicyTrainer(_TrainProcess):
         self.ref_model = self._load_ref_model(args)
         self.chosen = corrections.chosen_labels(args)  # the corrections table's rows this run chose
         # a snapshot per pushed version, when a chosen row recomputes the denominator with the behavior's weights
-        keeps_snapshots = corrections.SNAPSHOT in corrections.denominators(self.chosen)
-        self.snapshots = WeightSnapshotStore() if keeps_snapshots else None
+        self.snapshots = WeightSnapshotStore() if corrections.keeps_snapshots(self.chosen) else None
         self.weight_version = 0  # pushes so far; version v is the v-th push (docs/design.md §2)
         self.version_to_rollouts_trained: dict[int, int] = {}
         self.pushed_fingerprints: dict[int, str] = {}

@@ -179,7 +179,7 @@ def test_a_checkpoint_without_the_schedules_position_or_of_another_optimizer_is_
 
 
 def _run_state(**changes) -> dict:
-    state = {"format": 2, "driver": "train_async", "update_weights_interval": 2, "keep_old_actor": True,
+    state = {"format": 2, "driver": "train_async", "update_weights_interval": 2, "keeps_snapshots": True,
              "staleness_origin": 0, "prompt_position": 12, "in_flight": {"rollout": "rollout 3", "metrics": {}}}
     return {**state, **changes}
 
@@ -197,18 +197,19 @@ def test_run_state_round_trips_with_the_format_and_a_newer_format_is_refused(tmp
         load_run_state(root, 2)
 
 
-@pytest.mark.parametrize(("run_state", "driver", "interval", "keep_old_actor", "start", "words"), [
+@pytest.mark.parametrize(("run_state", "driver", "interval", "keeps_snapshots", "start", "words"), [
     (_run_state(), "train_async", 2, True, None, None),
     (_run_state(), "train_async", 2, True, 3, None),
     (None, "train_async", 2, True, None, "checkpoint format 1"),
     (_run_state(), "train_async", 2, True, 5, "--start-rollout-id 5"),
     (_run_state(), "train", 2, True, None, "saved by train_async.py"),
     (_run_state(), "train_async", 1, True, None, "--update-weights-interval 2"),
-    (_run_state(), "train_async", 2, False, None, "saved with --keep-old-actor"),
+    (_run_state(), "train_async", 2, False, None,
+     "saved with a weight snapshot per pushed version (--keep-old-actor), and this run keeps none"),
     (_run_state(in_flight=None), "train_async", 2, True, None, "no rollout was in flight"),
     (_run_state(driver="train", in_flight=None), "train", 1, True, None, None),  # sync: nothing is in flight
 ])
-def test_a_resume_is_exact_only_when_it_continues_the_saving_run(run_state, driver, interval, keep_old_actor, start,
+def test_a_resume_is_exact_only_when_it_continues_the_saving_run(run_state, driver, interval, keeps_snapshots, start,
                                                                   words):
-    reason = inexact_resume_reason(run_state, driver, interval, keep_old_actor, start, saved_rollout_id=2)
+    reason = inexact_resume_reason(run_state, driver, interval, keeps_snapshots, start, saved_rollout_id=2)
     assert reason is None if words is None else words in reason

@@ -23,7 +23,8 @@ class _Role:
 def _run(tmp_path, actor_holds, critic_holds, save=True) -> TrainingRun:
     (tmp_path / "ckpt").mkdir()  # the roles' saves, stubbed here, would create it
     args = SimpleNamespace(save=str(tmp_path / "ckpt") if save else None, critic_save=str(tmp_path / "ckpt"),
-                           update_weights_interval=1, keep_old_actor=False)
+                           update_weights_interval=1,
+                           use_rollout_logprobs=False, use_tis=False, keep_old_actor=False)  # no correction
     manager = SimpleNamespace(prompt_position=SimpleNamespace(remote=lambda rollout_id: 4 * rollout_id))
     run = TrainingRun(args, rollout_manager=manager, actor=_Role(actor_holds), critic=_Role(critic_holds),
                       tracker=None, start_rollout_id=0)
