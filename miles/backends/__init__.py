@@ -13,23 +13,27 @@ from miles.config.flags import TRAIN_BACKENDS  # noqa: F401  (the names --train-
 
 
 def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1,
-                     dropout: dict | None = None):
+                     dropout: dict | None = None, recompute=None):
     """The ``TrainModel`` of ``role`` ("actor" or "critic") on ``backend``, loaded from a Hugging Face folder.
 
     ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends;
-    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards. ``dropout`` (torch only: the megatron
-    backend trains without, ``check_dropout``): --attention-dropout / --hidden-dropout as ``load_role_model``'s
-    keywords.
+    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards. ``dropout``: --attention-dropout /
+    --hidden-dropout as ``load_role_model``'s keywords; ``recompute``: a ``training_utils.recompute.Recompute``
+    (none by default).
     """
     import torch
+
+    from miles.backends.training_utils.recompute import Recompute
+
+    dropout, recompute = dropout or {}, recompute or Recompute()
 
     torch.manual_seed(seed)
     if backend == "torch":
         from miles.backends.torch_backend.models import HFTrainModel
 
-        return HFTrainModel.load(role, hf_folder, **(dropout or {}))
+        return HFTrainModel.load(role, hf_folder, recompute, **dropout)
     if backend == "megatron":
         from miles.backends.megatron_backend.model import MegatronTrainModel
 
-        return MegatronTrainModel.load(role, hf_folder, seed, tensor_parallel_size)
+        return MegatronTrainModel.load(role, hf_folder, seed, tensor_parallel_size, dropout, recompute)
     raise ValueError(f"unknown train backend {backend!r}; valid: {', '.join(TRAIN_BACKENDS)}")

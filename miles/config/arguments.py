@@ -114,6 +114,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_optimizer_arguments(parser)
         flags.add_backend_arguments(parser)
         flags.add_dropout_arguments(parser)
+        flags.add_recompute_arguments(parser)
         flags.add_parallel_arguments(parser)
         flags.add_architecture_arguments(parser)
         flags.add_rollout_arguments(parser)

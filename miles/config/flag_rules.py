@@ -124,6 +124,7 @@ FLAG_RULES: dict[str, Range] = {
     "pipeline_model_parallel_size": Range(low=1, high=1, example="1", why="pipeline parallelism is not implemented"),
     "attention_dropout": Range(low=0, high=1, high_open=True, example="0.0", why="a probability of dropping"),
     "hidden_dropout": Range(low=0, high=1, high_open=True, example="0.0", why="a probability of dropping"),
+    "recompute_num_layers": AT_LEAST_ONE,
     # model architecture (checked against the checkpoint: miles/models/architecture.py)
     **dict.fromkeys(("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                      "vocab_size", "num_query_groups"), AT_LEAST_ONE),

@@ -312,6 +312,27 @@ def add_dropout_arguments(parser: argparse.ArgumentParser) -> None:
                        "(default: %(default)s)")
 
 
+def add_recompute_arguments(parser: argparse.ArgumentParser) -> None:
+    """Activation recompute: Megatron's flags and meanings, on both backends (docs/training.md#activation-recompute)."""
+    group = parser.add_argument_group("activation recompute")
+    group.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
+                       help="Recompute activations in the backward pass instead of keeping them: 'full' recomputes "
+                       "whole transformer layers (needs --recompute-method and --recompute-num-layers), "
+                       "'selective' only --recompute-modules (megatron backend). The loss and the gradients are "
+                       "the same; the memory of the saved activations shrinks. (default: %(default)s: keep them)")
+    group.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
+                       help="With --recompute-granularity full: 'uniform' recomputes every layer, in chunks of "
+                       "--recompute-num-layers layers (the torch backend: chunks of 1); 'block' recomputes the first "
+                       "--recompute-num-layers layers and keeps the rest. (default: %(default)s)")
+    group.add_argument("--recompute-num-layers", type=int, default=None,
+                       help="With --recompute-granularity full: the layers per chunk (uniform) or the layers "
+                       "recomputed (block), 1 to the model's layer count. (default: %(default)s)")
+    group.add_argument("--recompute-modules", nargs="+", type=str, default=None,
+                       help="With --recompute-granularity selective (megatron backend): the parts of each layer "
+                       "recomputed: core_attn and/or mlp (Megatron's MoE and MLA modules do not exist in a Qwen2 "
+                       "layer; its layernorm needs Transformer Engine). (default: %(default)s: Megatron's core_attn)")
+
+
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """How many ranks train each role and how they split the model (docs/ranks.md)."""
     group = parser.add_argument_group(

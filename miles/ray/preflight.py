@@ -11,11 +11,11 @@ import json
 import tempfile
 from pathlib import Path
 
-import torch
 from transformers import AutoConfig
 
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
+from miles.backends.training_utils.recompute import Recompute, recompute_problem
 from miles.models.architecture import architecture_mismatches, checkpoint_architecture
 from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
 from miles.rollout.data_source import load_prompts
@@ -39,10 +39,10 @@ def preflight(args) -> int:
     folder = check_hf_checkpoint(args.hf_checkpoint)
     check_architecture_flags(args, folder)
     check_dropout(args, folder)
+    check_recompute(args, folder)
     engine_class(args.rollout_backend).preflight(args)
     if args.train_backend == "megatron":
-        check_megatron_backend(args.hf_checkpoint, cuda_available=torch.cuda.is_available(),
-                               tensor_parallel_size=args.tensor_model_parallel_size)
+        check_megatron_backend(args.hf_checkpoint, tensor_parallel_size=args.tensor_model_parallel_size)
     if args.ref_load is not None and (args.use_kl_loss or args.kl_coef != 0):
         check_hf_checkpoint(args.ref_load, flag="--ref-load")
     check_checkpoint_to_load("--load", args.load, "actor", args.save, args.train_backend,
@@ -80,18 +80,22 @@ def check_architecture_flags(args, folder) -> None:
 
 
 def check_dropout(args, folder) -> None:
-    """--attention-dropout / --hidden-dropout have a config field to set on --train-backend torch; the megatron
-    backend trains without dropout (without CUDA its RNG tracker cannot seed it per model-parallel rank)."""
-    if not (args.attention_dropout or args.hidden_dropout):
+    """--attention-dropout / --hidden-dropout: on --train-backend torch the model must have the config field to
+    set; megatron's GPTModel has both dropouts (its RNG tracker seeds them, on CPU the shim's: docs/megatron.md)."""
+    if args.train_backend == "torch" and (args.attention_dropout or args.hidden_dropout):
+        dropout_overrides(json.loads((folder / "config.json").read_text()), args.attention_dropout,
+                          args.hidden_dropout)
+
+
+def check_recompute(args, folder) -> None:
+    """The recompute flags as Megatron's rules and the backend allow (``training_utils.recompute``)."""
+    recompute = Recompute.from_args(args)
+    if recompute == Recompute():
         return
-    if args.train_backend == "megatron":
-        raise MilesConfigError(
-            f"--attention-dropout {args.attention_dropout} --hidden-dropout {args.hidden_dropout} with --train-backend "
-            "megatron: without CUDA megatron's RNG tracker runs in its inference mode (docs/megatron.md), so dropout "
-            "would not follow the model-parallel seeds, and dropout with CUDA is not implemented in miles yet. Pass "
-            "0 for both, or --train-backend torch."
-        )
-    dropout_overrides(json.loads((folder / "config.json").read_text()), args.attention_dropout, args.hidden_dropout)
+    layers = AutoConfig.from_pretrained(str(folder), local_files_only=True).num_hidden_layers  # any family's name
+    problem = recompute_problem(recompute, args.train_backend, layers)
+    if problem is not None:
+        raise MilesConfigError(problem)
 
 
 def check_rollouts_left(args) -> None:

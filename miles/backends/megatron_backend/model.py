@@ -34,6 +34,7 @@ from miles.backends.megatron_backend.tensor_parallel import (
     partition_dims,
     shard_state,
 )
+from miles.backends.training_utils.recompute import Recompute
 from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
 from miles.backends.training_utils.train_model import StateDict, TrainModel
 from miles.models.hf import load_role_model
@@ -46,8 +47,13 @@ with quiet_megatron_warnings():
     from megatron.core.transformer import TransformerConfig
 
 
-def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_size: int = 1) -> TransformerConfig:
-    """Megatron's config for a Hugging Face Qwen2 config; fusions off (they need CUDA kernels), fp32, no dropout."""
+def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_size: int = 1,
+                       dropout: dict | None = None, recompute: Recompute = Recompute()) -> TransformerConfig:
+    """Megatron's config for a Hugging Face Qwen2 config; fusions off (they need CUDA kernels), fp32. ``dropout``:
+    --attention-dropout / --hidden-dropout (0 when absent), Megatron's own fields: the attention probabilities'
+    dropout under the RNG tracker's model-parallel state, the hidden states' (after attention and after the MLP)
+    under the default one; ``recompute``: Megatron's recompute fields."""
+    dropout = dropout or {}
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel_size,
         num_layers=hf_config.num_hidden_layers,
@@ -62,8 +68,9 @@ def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        hidden_dropout=dropout.get("hidden_dropout", 0.0),
+        attention_dropout=dropout.get("attention_dropout", 0.0),
+        **recompute.megatron_fields(),
         params_dtype=torch.float32,
         use_cpu_initialization=use_cpu_initialization,
         bias_activation_fusion=False,
@@ -92,19 +99,21 @@ class ScalarHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None  # (S, B, 1)
 
 
-def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_parallel_size: int = 1) -> GPTModel:
+def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_parallel_size: int = 1,
+                    dropout: dict | None = None, recompute: Recompute = Recompute()) -> GPTModel:
     """GPTModel shaped like ``hf_config`` (one tensor-parallel rank's part of it); the critic's has the scalar head
     and untied embeddings."""
+    config = transformer_config(hf_config, use_cpu_initialization, tensor_parallel_size, dropout, recompute)
     with quiet_megatron_warnings():
-        model = _gpt_model(hf_config, role, use_cpu_initialization, tensor_parallel_size)
+        model = _gpt_model(hf_config, role, config, tensor_parallel_size)
     if role == "critic":
         model.output_layer = ScalarHead(hf_config.hidden_size)
     return model
 
 
-def _gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_parallel_size: int) -> GPTModel:
+def _gpt_model(hf_config, role: str, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
     return GPTModel(
-        config=transformer_config(hf_config, use_cpu_initialization, tensor_parallel_size),
+        config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab_size(hf_config.vocab_size, tensor_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
@@ -138,12 +147,14 @@ class MegatronTrainModel(TrainModel):
         self.tensor_parallel_group = parallel_state.get_tensor_model_parallel_group()
 
     @classmethod
-    def load(cls, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1) -> MegatronTrainModel:
+    def load(cls, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1, dropout: dict | None = None,
+             recompute: Recompute = Recompute()) -> MegatronTrainModel:
         """Build GPTModel for ``role`` (this rank's part of it) and convert the weights of the HF model in
         ``hf_folder`` into it."""
         device = initialize_model_parallel(seed, tensor_parallel_size)
         hf_model = load_role_model(role, hf_folder)  # the loader the torch backend uses: same weights, same init
-        module = build_gpt_model(hf_model.config, role, device.type == "cpu", tensor_parallel_size)
+        module = build_gpt_model(hf_model.config, role, device.type == "cpu", tensor_parallel_size, dropout,
+                                 recompute)
         model = cls(module, hf_model.config, role, device)
         whole = hf_to_megatron(hf_model.state_dict(), model.layout)
         load_converted(module, shard_state(whole, model.partition_dims, parallel_state.get_tensor_model_parallel_rank(),

@@ -24,8 +24,8 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 def initialize_model_parallel(seed: int, tensor_model_parallel_size: int = 1) -> torch.device:
     """Set up torch.distributed, megatron's parallel state and its RNG tracker once per process; return the device.
 
-    Without CUDA the RNG tracker is megatron's inference tracker (``fork()`` does not switch CUDA RNG states, which
-    do not exist): fine because the backend refuses dropout there (``support.py``).
+    Without CUDA the RNG tracker is the CPU shim's (``cpu_shim.CpuRNGStatesTracker``: CPU generator states, seeded
+    here by megatron's own function), so dropout and recompute follow the model-parallel seeds as on CUDA.
     """
     cuda = torch.cuda.is_available()
     apply_cpu_shim()
@@ -35,7 +35,7 @@ def initialize_model_parallel(seed: int, tensor_model_parallel_size: int = 1) ->
         # megatron's own groups (tensor- and data-parallel) get the same bound as the rank's default group
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_model_parallel_size,
                                                  distributed_timeout_minutes=COLLECTIVE_TIMEOUT_S / 60)
-    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not cuda)
+    model_parallel_cuda_manual_seed(seed)
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 

@@ -15,7 +15,7 @@ from miles.utils.errors import MilesConfigError
 SUPPORTED_MODEL_TYPES = ("qwen2",)  # the families with a conversion table in this package
 
 
-def check_megatron_backend(hf_checkpoint: str, cuda_available: bool, tensor_parallel_size: int = 1) -> None:
+def check_megatron_backend(hf_checkpoint: str, tensor_parallel_size: int = 1) -> None:
     """Raise ``MilesConfigError`` unless megatron-core is installed and the checkpoint's model can be converted
     (and split over ``tensor_parallel_size`` ranks)."""
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
@@ -24,11 +24,11 @@ def check_megatron_backend(hf_checkpoint: str, cuda_available: bool, tensor_para
             "Install the extra (pip install -e '.[megatron]'; scripts/setup.sh does), or pass --train-backend torch."
         )
     config = json.loads((Path(hf_checkpoint).expanduser() / "config.json").read_text())
-    for problem in _unsupported(config, cuda_available) + _not_divisible(config, tensor_parallel_size):
+    for problem in _unsupported(config) + _not_divisible(config, tensor_parallel_size):
         raise MilesConfigError(f"--train-backend megatron with --hf-checkpoint {hf_checkpoint!r}: {problem}")
 
 
-def _unsupported(config: dict, cuda_available: bool) -> list[str]:
+def _unsupported(config: dict) -> list[str]:
     """Each thing the backend cannot do with this config, as 'value, rule, fix'."""
     fix = "Use --train-backend torch, which trains any Hugging Face causal LM."
     model_type = config.get("model_type")
@@ -47,12 +47,6 @@ def _unsupported(config: dict, cuda_available: bool) -> list[str]:
     if config["num_attention_heads"] % config.get("num_key_value_heads", config["num_attention_heads"]):
         problems.append(f"num_attention_heads {config['num_attention_heads']} is not a multiple of "
                         f"num_key_value_heads {config['num_key_value_heads']}. {fix}")
-    if not cuda_available and config.get("attention_dropout", 0.0) > 0:
-        problems.append(
-            f"attention_dropout is {config['attention_dropout']}, but without CUDA megatron's RNG tracker runs in its "
-            "inference mode (docs/megatron.md), so dropout would not follow the model-parallel seeds. Set "
-            "attention_dropout to 0 in config.json (miles' PPO/GRPO steps use none), or use --train-backend torch."
-        )
     return problems
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
 
+from miles.backends.training_utils.recompute import Recompute, checkpointed_layers
 from miles.backends.training_utils.responses import gather_response_log_probs, gather_response_values, pad_right
 from miles.backends.training_utils.train_model import StateDict, TrainModel
 from miles.models.hf import load_role_model
+from miles.utils.errors import MilesConfigError
 from miles.utils.types import Sample
 
 
@@ -33,12 +36,34 @@ def response_values(model: torch.nn.Module, samples: list[Sample]) -> list[torch
     return gather_response_values(scores, samples)
 
 
+def enable_recompute(model: torch.nn.Module, recompute: Recompute) -> None:
+    """Activation recompute on a Hugging Face model: transformers' activation checkpointing of the decoder layers
+    that ``checkpointed_layers`` names (non-reentrant ``torch.utils.checkpoint``, which restores the CPU
+    random-number state before the replay, so a dropout mask is drawn again identically). It acts only in a
+    training forward with gradients; the log-prob passes run as before."""
+    if recompute.granularity is None:
+        return
+    layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+    chosen = checkpointed_layers(recompute, model.config.num_hidden_layers)
+    if not model.supports_gradient_checkpointing or len(layers) != len(chosen):
+        raise MilesConfigError(
+            f"--recompute-granularity {recompute.granularity}: the model ({type(model).__name__}) has no gradient "
+            f"checkpointing per decoder layer in transformers ({len(layers)} checkpointable layers for "
+            f"{len(chosen)}); drop the recompute flags, or --train-backend megatron for a Qwen2 model"
+        )
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for layer, on in zip(layers, chosen, strict=True):
+        layer.gradient_checkpointing = on
+
+
 class HFTrainModel(TrainModel):
     """A Hugging Face causal LM (the actor) or token-classification critic, trained as it is."""
 
     @classmethod
-    def load(cls, role: str, hf_folder: str, **dropout) -> HFTrainModel:
-        return cls(load_role_model(role, hf_folder, **dropout))
+    def load(cls, role: str, hf_folder: str, recompute: Recompute = Recompute(), **dropout) -> HFTrainModel:
+        module = load_role_model(role, hf_folder, **dropout)
+        enable_recompute(module, recompute)
+        return cls(module)
 
     def response_log_probs(self, samples, temperature, with_entropy=False):
         return response_log_probs(self.module, samples, temperature, with_entropy)

@@ -33,6 +33,7 @@ from miles.backends.training_utils.loss import (
 from miles.backends.training_utils.loss_hub.corrections import tis_choice
 from miles.backends.training_utils.lr_schedule import learning_rate, schedule_for_role
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, set_learning_rate
+from miles.backends.training_utils.recompute import Recompute
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
 from miles.backends.training_utils.train_model import TrainModel
 from miles.config import corrections
@@ -204,7 +205,8 @@ def _load_role_model(args, role: str, hf_folder: str, seed: int, num_threads: in
     """The role's model on ``--train-backend``, after pinning this process's torch threads (loading runs torch ops)."""
     torch.set_num_threads(num_threads)
     dropout = {"attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout}
-    return load_train_model(args.train_backend, role, hf_folder, seed, args.tensor_model_parallel_size, dropout)
+    return load_train_model(args.train_backend, role, hf_folder, seed, args.tensor_model_parallel_size, dropout,
+                            Recompute.from_args(args))
 
 
 def _load_dir(root: str | None, role: str, fallback: str) -> str:

@@ -27,7 +27,7 @@ def _parse(words):
 
 def test_every_row_has_a_reason_and_its_accepted_values_belong_to_its_flags():
     groups = refused_groups()
-    assert len(load_refusals()) > 900 and groups
+    assert len(load_refusals()) > 800 and groups  # a sanity bound: rows move out as miles implements them
     for group, row in groups.items():
         flags = {*row.get("switches", ()), *row.get("values", ()), *row.get("nargs", {})}
         assert row["why"] and flags, group
@@ -41,13 +41,13 @@ def test_no_refused_flag_is_one_miles_implements():
 
 def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
     namespace = _parse(["--sequence-parallel", "--lr", "1e-4", "--bf16", "--context-parallel-size", "2",
-                        "--recompute-granularity", "full", "--lora-rank", "8"])
+                        "--recompute-activations", "--lora-rank", "8"])
     line = refusal_line(namespace)
     assert "\n" not in line and not hasattr(namespace, "refused_flags") and namespace.lr == 1e-4
     # the parallelism group's flags together, then its reason and what it accepts
     assert "--sequence-parallel, --context-parallel-size 2: miles' megatron backend has tensor parallelism" in line
     assert "(accepted: --context-parallel-size 1)" in line
-    for shown in ("--bf16", "--recompute-granularity full", "--lora-rank 8"):
+    for shown in ("--bf16", "--recompute-activations", "--lora-rank 8"):
         assert shown in line
     assert line.endswith("lists every refused flag and why).")
 

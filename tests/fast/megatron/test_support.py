@@ -22,7 +22,7 @@ def _checkpoint(tmp_path, **changes) -> str:
 
 
 def test_the_embedded_default_is_accepted(embedded):
-    check_megatron_backend(embedded.checkpoint_dir, cuda_available=False)
+    check_megatron_backend(embedded.checkpoint_dir)
 
 
 @pytest.mark.parametrize(
@@ -33,18 +33,18 @@ def test_the_embedded_default_is_accepted(embedded):
         ({"use_sliding_window": True}, "no sliding-window attention"),
         ({"rope_parameters": {"rope_type": "yarn"}}, "RoPE type 'yarn' is not supported"),
         ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
-        ({"attention_dropout": 0.1}, "attention_dropout is 0.1"),
     ],
-    ids=["family", "activation", "sliding-window", "rope", "heads", "dropout"],
+    ids=["family", "activation", "sliding-window", "rope", "heads"],
 )
 def test_what_cannot_be_converted_is_refused_with_the_value_and_the_fix(tmp_path, changes, message):
     with pytest.raises(MilesConfigError, match=message) as caught:
-        check_megatron_backend(_checkpoint(tmp_path, **changes), cuda_available=False)
+        check_megatron_backend(_checkpoint(tmp_path, **changes))
     assert "--train-backend torch" in str(caught.value)
 
 
-def test_dropout_is_refused_only_without_cuda(tmp_path):
-    check_megatron_backend(_checkpoint(tmp_path, attention_dropout=0.1), cuda_available=True)
+def test_the_checkpoints_attention_dropout_is_no_obstacle(tmp_path):
+    """The backend's dropout is --attention-dropout's (TransformerConfig), not config.json's, on CPU too."""
+    check_megatron_backend(_checkpoint(tmp_path, attention_dropout=0.1))
 
 
 def test_a_missing_megatron_core_names_the_extra(tmp_path, monkeypatch):
@@ -52,7 +52,7 @@ def test_a_missing_megatron_core_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name.startswith("megatron") else real_find_spec(name, *a))
     with pytest.raises(MilesConfigError, match=r"pip install -e '\.\[megatron\]'"):
-        check_megatron_backend(_checkpoint(tmp_path), cuda_available=False)
+        check_megatron_backend(_checkpoint(tmp_path))
 
 
 def test_a_bare_launch_without_the_extra_fails_in_one_line_before_ray_starts(embedded, tmp_path):
@@ -85,5 +85,5 @@ def test_a_bare_launch_without_the_extra_fails_in_one_line_before_ray_starts(emb
 def test_a_tensor_parallel_size_that_does_not_split_the_model_is_refused(tmp_path, changes, name):
     config = {"intermediate_size": 32, **changes}
     with pytest.raises(MilesConfigError, match=f"{name}, which --tensor-model-parallel-size 4 does not divide"):
-        check_megatron_backend(_checkpoint(tmp_path, **config), cuda_available=False, tensor_parallel_size=4)
-    check_megatron_backend(_checkpoint(tmp_path, intermediate_size=32), cuda_available=False, tensor_parallel_size=2)
+        check_megatron_backend(_checkpoint(tmp_path, **config), tensor_parallel_size=4)
+    check_megatron_backend(_checkpoint(tmp_path, intermediate_size=32), tensor_parallel_size=2)
