@@ -176,3 +176,35 @@ def test_the_preflight_checks_against_the_checkpoints_layers(three_layers):
     check_recompute(parse_args(argv=[*full, "3"]), Path(three_layers))
     with pytest.raises(MilesConfigError, match="1 to the model's 3 layers"):
         check_recompute(parse_args(argv=[*full, "4"]), Path(three_layers))
+
+
+@pytest.mark.usefixtures("restore_torch_threads")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_training_step_through_the_parser_takes_the_plain_steps_update(embedded, backend):
+    """The flags reach the train process (Recompute.from_args): one rollout's optimizer steps with recompute and
+    attention dropout move the weights as the plain steps do. SGD, so the update is lr * gradient and the weights
+    differ by at most lr times the gradients' float difference (Adam's g / (|g| + eps) would amplify the noise of
+    a gradient that is exactly 0, such as k_proj's bias)."""
+    from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, train_on, weights
+
+    flags = ["--train-backend", backend, "--optimizer", "sgd", "--attention-dropout", "0.2"]
+    recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    trainers = {name: policy_trainer(embedded, *flags, *extra) for name, extra in (("plain", []),
+                                                                                   ("recompute", recompute))}
+    module = trainers["recompute"].model.module
+    if backend == "megatron":
+        assert module.config.recompute_granularity == "full"
+    else:
+        assert [layer.gradient_checkpointing for layer in module.model.layers] == [True] * len(module.model.layers)
+    start = weights(trainers["plain"])
+    payloads = [trainer.export_weights(rollouts_trained=0) for trainer in trainers.values()]
+    rollout = make_rollout(embedded, engine_with(embedded, payloads[0]), 0)
+    for trainer in trainers.values():
+        _reseed(backend)  # megatron's RNG tracker is one per process: both trainers start from the same state
+        train_on(trainer, 0, rollout, expected_staleness=0)
+    plain, recomputed = weights(trainers["plain"]), weights(trainers["recompute"])
+    assert max_change(start, plain) > 1e-4  # the step trained
+    # w - lr * g rounds to float32: gradients equal to 1e-6 of the step, plus an ulp or two of the largest weight
+    largest = max(float(w.abs().max()) for w in plain.values() if torch.is_tensor(w))
+    ulps = 2 * torch.finfo(torch.float32).eps * largest
+    assert max_change(plain, recomputed) <= 1e-6 * max_change(start, plain) + ulps
