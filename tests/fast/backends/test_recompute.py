@@ -17,7 +17,7 @@ from miles.backends import load_train_model
 from miles.backends.training_utils.recompute import Recompute, checkpointed_layers, recompute_problem
 from miles.config.arguments import parse_args
 from miles.utils.types import Sample
-from tests.extras import megatron_installed
+from tests.extras import MEGATRON_ABSENT, megatron_installed
 
 SAMPLES = [Sample(group_index=i, index=i, prompt="", label="", tokens=prompt + response,
                   response_length=len(response))
@@ -26,7 +26,7 @@ SAMPLES = [Sample(group_index=i, index=i, prompt="", label="", tokens=prompt + r
 DROPOUT = {"attention_dropout": 0.3, "hidden_dropout": 0.0}
 SEED = 11
 BACKENDS = ["torch", pytest.param("megatron", marks=[
-    pytest.mark.megatron, pytest.mark.skipif(not megatron_installed(), reason="the [megatron] extra")])]
+    pytest.mark.megatron, pytest.mark.skipif(not megatron_installed(), reason=MEGATRON_ABSENT)])]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_full_recompute_gives_the_same_loss_and_gradients(three_layers, backend,
 
 
 @pytest.mark.megatron
-@pytest.mark.skipif(not megatron_installed(), reason="the [megatron] extra")
+@pytest.mark.skipif(not megatron_installed(), reason=MEGATRON_ABSENT)
 @pytest.mark.parametrize(("recompute", "part", "calls"), MEGATRON_CASES,
                          ids=["uniform-3", "block-2", "core-attn", "mlp", "mlp-keeps-attention"])
 def test_megatron_recompute_with_dropout_gives_the_same_loss_and_gradients(three_layers, recompute, part, calls):
