@@ -109,7 +109,9 @@ def test_sync_loop_options_colocate_eval_critic_only_and_debug_exit(make_args):
     assert "train/pg_loss" not in records[0] and "critic/value_loss" in records[0]  # critic-only first rollout
     assert "train/pg_loss" in records[1]
     assert [("eval/accuracy" in record) for record in records] == [False, True, False]
-    num_eval_prompts = len(Path(args.eval_prompt_data).read_text().splitlines())
+    name, path = args.eval_prompt_data  # the embedded default's eval split, named "addition" by miles
+    assert records[1][f"eval/{name}"] == records[1]["eval/accuracy"]  # one dataset: its mean reward is the total
+    num_eval_prompts = len(Path(path).read_text().splitlines())
     assert records[1]["eval/num_samples"] == 2 * num_eval_prompts  # --n-samples-per-eval-prompt 2
     assert records[1]["eval/response_length_mean"] == 1  # --eval-max-response-len 1: every answer is cut at 1
     assert records[1]["rollout/response_length_mean"] > 1  # the training rollouts keep their 3
