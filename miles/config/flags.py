@@ -503,6 +503,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         help="User reward function 'path/to/file.py:func' or 'package.module:func', called as "
         "func(prompt, response, label) -> float. Overrides --rm-type.",
     )
+    group.add_argument(
+        "--custom-generate-function-path",
+        default=None,
+        help="Upstream's per-sample generate function 'module.function': async def f(args, sample, sampling_params), "
+        "which awaits miles.rollout.sglang_rollout.generate (docs/training.md, A custom generate function). "
+        "(default: the engines' batched sampling)",
+    )
 
 
 def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> None:

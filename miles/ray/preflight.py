@@ -18,6 +18,7 @@ from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.models.architecture import architecture_mismatches, checkpoint_architecture
 from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
+from miles.rollout.custom_generate import load_generate_function
 from miles.rollout.data_source import load_prompts
 from miles.rollout.eval_config import dataset_flag, eval_datasets, load_eval_sets
 from miles.rollout.prompt_tokens import encode_prompts
@@ -64,6 +65,8 @@ def preflight(args) -> int:
         prompt_files.append((dataset_flag(args, dataset), dataset.path, eval_prompts, budget))
     check_prompts_fit(args, prompt_files)
     get_reward_fn(args.rm_type, args.custom_rm_path)
+    if args.custom_generate_function_path:
+        load_generate_function(args.custom_generate_function_path)  # importable, async, upstream's signature
     for dataset in datasets:
         try:
             get_reward_fn(dataset.rm_type, args.custom_rm_path)

@@ -18,6 +18,7 @@ import ray
 
 from miles.guard.display import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
+from miles.rollout.custom_generate import Generation, custom_samples, load_generate_function
 from miles.rollout.data_source import PromptDataSource, load_prompts
 from miles.rollout.engine_actor import engine_actor_class
 from miles.rollout.eval_config import eval_datasets, eval_metrics, load_eval_sets
@@ -51,6 +52,8 @@ class RolloutManager:
         )
         self.eval_sets = load_eval_sets(args, eval_datasets(args))  # --eval-config or --eval-prompt-data
         self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
+        path = args.custom_generate_function_path
+        self.generate_fn = load_generate_function(path) if path else None
         self.eval_rewards = [get_reward_fn(dataset.rm_type, args.custom_rm_path) for dataset, _ in self.eval_sets]
         self.weight_version = 0
         self.push_perf: dict[str, float] = {}  # the latest push's cost inside the engines (SGLang)
@@ -94,6 +97,27 @@ class RolloutManager:
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
                 temperature: float, max_response_len: int, sampling: dict, reward_fn=None) -> list[Sample]:
+        if self.generate_fn is not None:  # upstream's per-sample function (miles/rollout/custom_generate.py)
+            generation = Generation(self._request, len(self.engines),
+                                    rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, 0), sampling)
+            samples = custom_samples(self.generate_fn, self.args, generation, prompts, n_samples, temperature,
+                                     max_response_len, evaluation=seed_offset > 0)
+        else:
+            samples = self._engine_samples(prompts, n_samples, rollout_id, seed_offset, temperature,
+                                           max_response_len, sampling)
+        for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
+            sample.index, sample.group_index = index, index // n_samples
+            if sample.reward is None:  # a custom generate function may have set it
+                sample.reward = (reward_fn or self.reward_fn)(sample.prompt, sample.response, sample.label)
+        return samples
+
+    def _request(self, engine_index: int, prompt: dict, temperature: float, max_new_tokens: int, seed: int,
+                 sampling: dict):
+        """One prompt, one response, from one engine: an awaitable reference (a custom generate function's call)."""
+        return self.engines[engine_index].generate.remote([prompt], 1, temperature, max_new_tokens, seed, sampling)
+
+    def _engine_samples(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
+                        temperature: float, max_response_len: int, sampling: dict) -> list[Sample]:
         shares = _split(prompts, len(self.engines))
         futures = [
             engine.generate.remote(
@@ -109,11 +133,7 @@ class RolloutManager:
             raise DivergenceError(
                 f"rollout {rollout_id}, weight version {self.weight_version}: {getattr(error, 'cause', error)}"
             ) from None
-        samples = [sample for share in generated for sample in share]
-        for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
-            sample.index, sample.group_index = index, index // n_samples
-            sample.reward = (reward_fn or self.reward_fn)(sample.prompt, sample.response, sample.label)
-        return samples
+        return [sample for share in generated for sample in share]
 
     def generate(self, rollout_id: int) -> tuple[RolloutBatch, dict[str, float]]:
         start = time.perf_counter()

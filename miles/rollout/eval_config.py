@@ -17,6 +17,7 @@ Torch-free: the rollout manager and the preflight both read it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -63,7 +64,7 @@ FROM_ARGS = {"rm_type": "rm_type", "input_key": "input_key", "label_key": "label
              "stop": "rollout_stop", "stop_token_ids": "rollout_stop_token_ids"}
 TYPES = {"n_samples_per_eval_prompt": int, "top_k": int, "max_response_len": int, "temperature": float,
          "top_p": float, "name": str, "path": str, "rm_type": str, "input_key": str, "label_key": str}
-LOW = {"n_samples_per_eval_prompt": 1, "max_response_len": 1, "temperature": 0.0}
+LOW = {"n_samples_per_eval_prompt": 1, "max_response_len": 1}
 
 
 def eval_datasets(args) -> list[EvalDataset]:
@@ -170,9 +171,13 @@ def _checked(where: str, key: str, value):
     ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
     if not ok or isinstance(value, bool):
         raise MilesConfigError(f"{where}: `{key}` is {value!r}, but it must be of type {kind.__name__}.")
+    value = kind(value)
     if key in LOW and value < LOW[key]:
         raise MilesConfigError(f"{where}: `{key}` is {value!r}, below its least value {LOW[key]}.")
-    return kind(value)
+    if key == "temperature" and not (math.isfinite(value) and value > 0):
+        raise MilesConfigError(f"{where}: `temperature` is {value!r}, but it must be a finite number > 0 (the "
+                               "log-probs are taken under it, as --eval-temperature's).")
+    return value
 
 
 def dataset_flag(args, dataset: EvalDataset) -> str:

@@ -76,6 +76,7 @@ def test_eval_prompt_data_takes_name_path_pairs_or_one_path_named_as_upstream_na
     ("eval:\n  datasets:\n    - {name: a, path: /a, n_samples_per_eval_prompt: two}\n",
      r"`n_samples_per_eval_prompt` is 'two', but it must be of type int"),
     ("eval:\n  datasets:\n    - {name: a, path: /a, max_response_len: 0}\n", r"`max_response_len` is 0, below its least"),
+    ("eval:\n  datasets:\n    - {name: a, path: /a, temperature: 0}\n", r"`temperature` is 0.0, but it must be .* > 0"),
     ("eval:\n  datasets:\n    - {name: a, path: '${oc.env:DATA}/a.jsonl'}\n", r"`path` is .*OmegaConf interpolation"),
     ("eval:\n  datasets:\n    - {name: a}\n", r"dataset 'a' has no `path`"),
     ("eval:\n  datasets:\n    - {path: /a}\n", r"has no `name`"),
