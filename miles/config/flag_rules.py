@@ -159,8 +159,8 @@ FLAG_RULES: dict[str, Range] = {
 }
 
 # Flags that name a file or folder: an empty string would mean the current folder (or nothing at all).
-PATH_FLAGS = ("save_debug_rollout_data", "hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "load", "critic_load", "save",
-              "critic_save", "log_dir", "wandb_dir")
+PATH_FLAGS = ("save_debug_rollout_data", "hf_checkpoint", "ref_load", "prompt_data", "eval_prompt_data", "eval_config",
+              "load", "critic_load", "save", "critic_save", "log_dir", "wandb_dir")
 
 
 NAMED_OTHERWISE = {"layernorm_epsilon": "--norm-epsilon"}  # upstream's dest is not its flag's name
@@ -189,6 +189,8 @@ def check_flag_values(args) -> None:
             _check_value(dest, rule, value)
     for dest in PATH_FLAGS:
         value = getattr(args, dest, None)
+        if isinstance(value, list):  # --eval-prompt-data NAME PATH ...: no word may be empty
+            value = next((word for word in value if not word.strip()), None)
         if isinstance(value, str) and not value.strip():
             flag = flag_name(dest)
             raise MilesConfigError(

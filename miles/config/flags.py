@@ -418,7 +418,14 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt-data", default=None, help="JSONL prompt file. (default: the embedded task's train split)"
     )
     group.add_argument(
-        "--eval-prompt-data", default=None, help="JSONL held-out prompt file. (default: the embedded task's eval split)"
+        "--eval-prompt-data", nargs="+", default=None,
+        help="Held-out JSONL prompt files as NAME PATH pairs, metrics eval/NAME (one PATH alone is named aime, as "
+             "upstream names it). (default: the embedded task's eval split, named addition)",
+    )
+    group.add_argument(
+        "--eval-config", default=None,
+        help="YAML file of evaluation datasets in upstream's format (eval: datasets: [{name, path, ...}], "
+             "defaults); overrides --eval-prompt-data (docs/training.md, Evaluation datasets). (default: none)",
     )
     group.add_argument("--input-key", default="prompt", help="JSONL key of the prompt. (default: %(default)s)")
     group.add_argument(
@@ -516,6 +523,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="User reward function 'path/to/file.py:func' or 'package.module:func', called as "
         "func(prompt, response, label) -> float. Overrides --rm-type.",
+    )
+    group.add_argument(
+        "--custom-generate-function-path",
+        default=None,
+        help="Upstream's per-sample generate function 'module.function': async def f(args, sample, sampling_params), "
+        "which awaits miles.rollout.sglang_rollout.generate (docs/training.md, A custom generate function). "
+        "(default: the engines' batched sampling)",
     )
 
 

@@ -18,7 +18,9 @@ from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.recompute import Recompute, recompute_problem
 from miles.models.architecture import architecture_mismatches, checkpoint_architecture
 from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
+from miles.rollout.custom_generate import load_generate_function
 from miles.rollout.data_source import load_prompts
+from miles.rollout.eval_config import dataset_flag, eval_datasets, load_eval_sets
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
@@ -55,12 +57,21 @@ def preflight(args) -> int:
     for flag, folder in outputs:
         check_writable_folder(flag, folder)
     prompts = load_prompts(args, args.prompt_data, "--prompt-data")
-    prompt_files = [("--prompt-data", args.prompt_data, prompts)]
-    if args.eval_prompt_data is not None:
-        eval_flag = "--eval-prompt-data"
-        prompt_files.append((eval_flag, args.eval_prompt_data, load_prompts(args, args.eval_prompt_data, eval_flag)))
+    prompt_files = [("--prompt-data", args.prompt_data, prompts, (args.rollout_max_response_len,
+                                                                   "--rollout-max-response-len"))]
+    datasets = eval_datasets(args)  # --eval-config or --eval-prompt-data: keys, values and names checked
+    for dataset, eval_prompts in load_eval_sets(args, datasets):
+        budget = (dataset.max_response_len, "its max_response_len" if args.eval_config else "--eval-max-response-len")
+        prompt_files.append((dataset_flag(args, dataset), dataset.path, eval_prompts, budget))
     check_prompts_fit(args, prompt_files)
     get_reward_fn(args.rm_type, args.custom_rm_path)
+    if args.custom_generate_function_path:
+        load_generate_function(args.custom_generate_function_path)  # importable, async, upstream's signature
+    for dataset in datasets:
+        try:
+            get_reward_fn(dataset.rm_type, args.custom_rm_path)
+        except MilesConfigError as error:
+            raise MilesConfigError(f"{dataset_flag(args, dataset)} (rm_type {dataset.rm_type!r}): {error}") from None
     return len(prompts)
 
 
@@ -181,19 +192,20 @@ def check_writable_folder(flag: str, path: str | None) -> None:
         ) from None
 
 
-def check_prompts_fit(args, prompt_files: list[tuple[str, str, list[dict]]]) -> None:
-    """Each prompt tokenizes and fits the model's positions with --rollout-max-response-len (``encode_prompts``),
-    checked here when the files are within the ``PREFLIGHT_MAX_*`` limits; otherwise by the engine."""
-    all_items = [item for _, _, items in prompt_files for item in items]
+def check_prompts_fit(args, prompt_files: list[tuple[str, str, list[dict], tuple[int, str]]]) -> None:
+    """Each prompt tokenizes and fits the model's positions with its file's response budget (--rollout-max-response-len,
+    an evaluation dataset's max_response_len: ``encode_prompts``), checked here when the files are within the
+    ``PREFLIGHT_MAX_*`` limits; otherwise by the engine."""
+    all_items = [item for _, _, items, _ in prompt_files for item in items]
     if (len(all_items) > PREFLIGHT_MAX_PROMPTS
             or sum(len(item["prompt"]) for item in all_items) > PREFLIGHT_MAX_PROMPT_CHARS):
         return
     tokenizer = load_tokenizer(args.hf_checkpoint)
     config = AutoConfig.from_pretrained(args.hf_checkpoint, local_files_only=True)
     max_positions = getattr(config, "max_position_embeddings", None)
-    for flag, path, items in prompt_files:
+    for flag, path, items, (budget, budget_name) in prompt_files:
         texts = [item["prompt"] for item in items]
-        prompt_ids = encode_prompts(tokenizer, texts, max_positions, args.rollout_max_response_len,
-                                    lambda i: f"{flag} {path!r} prompt {i + 1} ({texts[i]!r})")
+        prompt_ids = encode_prompts(tokenizer, texts, max_positions, budget,
+                                    lambda i: f"{flag} {path!r} prompt {i + 1} ({texts[i]!r})", budget_name)
         if prompt_ids:
             engine_class(args.rollout_backend).check_prompt_capacity(args, prompt_ids)

@@ -18,8 +18,10 @@ import ray
 
 from miles.guard.display import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
+from miles.rollout.custom_generate import Generation, custom_samples, load_generate_function
 from miles.rollout.data_source import PromptDataSource, load_prompts
 from miles.rollout.engine_actor import engine_actor_class
+from miles.rollout.eval_config import eval_datasets, eval_metrics, load_eval_sets
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
 from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError, RolloutEngineError
@@ -48,10 +50,11 @@ class RolloutManager:
             load_prompts(args, args.prompt_data, "--prompt-data"),
             args.rollout_batch_size, args.rollout_shuffle, args.rollout_seed,
         )
-        self.eval_prompts = (
-            load_prompts(args, args.eval_prompt_data, "--eval-prompt-data") if args.eval_prompt_data else []
-        )
+        self.eval_sets = load_eval_sets(args, eval_datasets(args))  # --eval-config or --eval-prompt-data
         self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
+        path = args.custom_generate_function_path
+        self.generate_fn = load_generate_function(path) if path else None
+        self.eval_rewards = [get_reward_fn(dataset.rm_type, args.custom_rm_path) for dataset, _ in self.eval_sets]
         self.weight_version = 0
         self.push_perf: dict[str, float] = {}  # the latest push's cost inside the engines (SGLang)
         self.last_push_s = 0.0  # the latest push, export ready to every engine loaded; reported with the next rollout
@@ -93,7 +96,28 @@ class RolloutManager:
         self.data_source.continue_at(rollout_id, position)
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
-                temperature: float, max_response_len: int, sampling: dict) -> list[Sample]:
+                temperature: float, max_response_len: int, sampling: dict, reward_fn=None) -> list[Sample]:
+        if self.generate_fn is not None:  # upstream's per-sample function (miles/rollout/custom_generate.py)
+            generation = Generation(self._request, len(self.engines),
+                                    rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, 0), sampling)
+            samples = custom_samples(self.generate_fn, self.args, generation, prompts, n_samples, temperature,
+                                     max_response_len, evaluation=seed_offset > 0)
+        else:
+            samples = self._engine_samples(prompts, n_samples, rollout_id, seed_offset, temperature,
+                                           max_response_len, sampling)
+        for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
+            sample.index, sample.group_index = index, index // n_samples
+            if sample.reward is None:  # a custom generate function may have set it
+                sample.reward = (reward_fn or self.reward_fn)(sample.prompt, sample.response, sample.label)
+        return samples
+
+    def _request(self, engine_index: int, prompt: dict, temperature: float, max_new_tokens: int, seed: int,
+                 sampling: dict):
+        """One prompt, one response, from one engine: an awaitable reference (a custom generate function's call)."""
+        return self.engines[engine_index].generate.remote([prompt], 1, temperature, max_new_tokens, seed, sampling)
+
+    def _engine_samples(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
+                        temperature: float, max_response_len: int, sampling: dict) -> list[Sample]:
         shares = _split(prompts, len(self.engines))
         futures = [
             engine.generate.remote(
@@ -109,11 +133,7 @@ class RolloutManager:
             raise DivergenceError(
                 f"rollout {rollout_id}, weight version {self.weight_version}: {getattr(error, 'cause', error)}"
             ) from None
-        samples = [sample for share in generated for sample in share]
-        for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
-            sample.index, sample.group_index = index, index // n_samples
-            sample.reward = self.reward_fn(sample.prompt, sample.response, sample.label)
-        return samples
+        return [sample for share in generated for sample in share]
 
     def generate(self, rollout_id: int) -> tuple[RolloutBatch, dict[str, float]]:
         start = time.perf_counter()
@@ -136,20 +156,23 @@ class RolloutManager:
         return RolloutBatch(rollout_id, samples), metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Mean reward over the held-out prompts (the sampled accuracy for 0/1 rule rewards), with
-        --n-samples-per-eval-prompt samples each at --eval-temperature, at most --eval-max-response-len tokens
-        (miles_validate_args filled the unset ones from the rollout's), seeded apart from the training rollouts."""
-        if not self.eval_prompts:
+        """Each evaluation dataset (``miles.rollout.eval_config``) sampled with its own samples per prompt,
+        temperature, top-p/top-k, length, stops and reward, seeded apart from the training rollouts and from each
+        other; metrics per dataset as upstream names them, and miles' totals."""
+        if not self.eval_sets:
             return {}
-        samples = self._sample(self.eval_prompts, self.args.n_samples_per_eval_prompt, rollout_id, seed_offset=1,
-                               temperature=self.args.eval_temperature,
-                               max_response_len=self.args.eval_max_response_len,
-                               sampling=sampling_options(self.args, self.args.eval_top_p, self.args.eval_top_k))
+        results = []
+        for index, (dataset, prompts) in enumerate(self.eval_sets):
+            sampling = {**sampling_options(self.args, dataset.top_p, dataset.top_k),
+                        "stop": list(dataset.stop), "stop_token_ids": list(dataset.stop_token_ids)}
+            results.append((dataset.name, self._sample(
+                prompts, dataset.n_samples_per_eval_prompt, rollout_id, seed_offset=1 + index,
+                temperature=dataset.temperature, max_response_len=dataset.max_response_len, sampling=sampling,
+                reward_fn=self.eval_rewards[index])))
         if self.args.save_debug_rollout_data:
-            save_debug_rollout_data(self.args.save_debug_rollout_data, rollout_id, samples, evaluation=True)
-        return {"eval/accuracy": sum(sample.reward for sample in samples) / len(samples),
-                "eval/num_samples": len(samples),
-                "eval/response_length_mean": sum(sample.response_length for sample in samples) / len(samples)}
+            every = [sample for _, samples in results for sample in samples]
+            save_debug_rollout_data(self.args.save_debug_rollout_data, rollout_id, every, evaluation=True)
+        return eval_metrics(results)
 
 
 def sampling_options(args, top_p: float, top_k: int) -> dict:

@@ -27,6 +27,7 @@ from miles.ranks.role import TrainRole, dead_rank_names, start_roles
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
 from miles.rollout.embedded import ensure_embedded_default
+from miles.rollout.eval_config import EMBEDDED_EVAL_NAME
 from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summary
 from miles.tracking.plot import plot_run
 from miles.tracking.wandb_run import WandbSettings
@@ -46,8 +47,8 @@ def resolve_run_paths(args, driver: str) -> None:
             logger.info("derived hf_checkpoint = %s (the embedded default)", args.hf_checkpoint)
         if args.prompt_data is None:
             args.prompt_data = embedded.train_jsonl
-            if args.eval_prompt_data is None:
-                args.eval_prompt_data = embedded.eval_jsonl
+            if args.eval_prompt_data is None and args.eval_config is None:
+                args.eval_prompt_data = [EMBEDDED_EVAL_NAME, embedded.eval_jsonl]
             logger.info("derived prompt_data = %s, eval_prompt_data = %s", args.prompt_data, args.eval_prompt_data)
     if args.log_dir is None:
         args.log_dir = default_log_dir(driver, args.advantage_estimator)

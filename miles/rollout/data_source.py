@@ -75,10 +75,12 @@ def _parse_line(line: str, line_number: int, source: str, input_key: str, label_
     return {"prompt": prompt, "label": label if isinstance(label, str) else json.dumps(label)}
 
 
-def load_prompts(args, path: str, flag: str) -> list[dict]:
+def load_prompts(args, path: str, flag: str, keys: tuple[str, str | None] | None = None) -> list[dict]:
     """The prompt file at ``path`` as the rollout uses it: each prompt through the tokenizer's chat template under
-    --apply-chat-template (``chat_prompt``), as it is otherwise."""
-    prompts = load_prompt_data(path, args.input_key, args.label_key, flag=flag)
+    --apply-chat-template (``chat_prompt``), as it is otherwise. ``keys``: (input key, label key), if not the
+    launch's --input-key and --label-key (an evaluation dataset's own)."""
+    input_key, label_key = keys or (args.input_key, args.label_key)
+    prompts = load_prompt_data(path, input_key, label_key, flag=flag)
     if not args.apply_chat_template:
         return prompts
     from miles.models.hf import load_tokenizer  # transformers: only for a templated launch

@@ -17,10 +17,11 @@ def encode_prompts(
     max_positions: int | None,
     max_response_len: int,
     row_name: Callable[[int], str],
+    budget_name: str = "--rollout-max-response-len",
 ) -> list[list[int]]:
     """Token ids of each prompt. A prompt the tokenizer cannot encode, one that encodes to no tokens, or one whose
     tokens plus ``max_response_len`` new ones exceed ``max_positions`` (the model's position limit; ``None``:
-    unknown) is a ``MilesConfigError`` naming it by ``row_name(index)``."""
+    unknown) is a ``MilesConfigError`` naming it by ``row_name(index)`` and the budget by ``budget_name``."""
     try:
         encoded = tokenizer(list(texts))["input_ids"]
     except Exception:  # the tokenizers library raises a bare Exception; find the prompt it failed on
@@ -32,9 +33,9 @@ def encode_prompts(
             )
         if max_positions is not None and len(ids) + max_response_len > max_positions:
             raise MilesConfigError(
-                f"{row_name(index)} is {len(ids)} tokens, which with --rollout-max-response-len {max_response_len} "
+                f"{row_name(index)} is {len(ids)} tokens, which with {budget_name} {max_response_len} "
                 f"exceeds the model's {max_positions} positions (max_position_embeddings). Shorten or drop the "
-                f"prompt, or lower --rollout-max-response-len to {max(max_positions - len(ids), 0)} or less."
+                f"prompt, or lower {budget_name} to {max(max_positions - len(ids), 0)} or less."
             )
     return [list(ids) for ids in encoded]
 

@@ -83,4 +83,4 @@ def test_the_readme_main_job_with_no_backend_flag_trains_with_megatron(tmp_path)
     with pytest.raises(MilesConfigError, match="saved with --train-backend megatron"):
         preflight(parse_args(argv=[*argv, "--train-backend", "torch", "--load", save, "--critic-load", save,
                                    "--hf-checkpoint", args.hf_checkpoint, "--prompt-data", args.prompt_data,
-                                   "--eval-prompt-data", args.eval_prompt_data, "--log-dir", str(tmp_path / "resume")]))
+                                   "--eval-prompt-data", *args.eval_prompt_data, "--log-dir", str(tmp_path / "resume")]))

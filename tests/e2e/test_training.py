@@ -109,7 +109,9 @@ def test_sync_loop_options_colocate_eval_critic_only_and_debug_exit(make_args):
     assert "train/pg_loss" not in records[0] and "critic/value_loss" in records[0]  # critic-only first rollout
     assert "train/pg_loss" in records[1]
     assert [("eval/accuracy" in record) for record in records] == [False, True, False]
-    num_eval_prompts = len(Path(args.eval_prompt_data).read_text().splitlines())
+    name, path = args.eval_prompt_data  # the embedded default's eval split, named "addition" by miles
+    assert records[1][f"eval/{name}"] == records[1]["eval/accuracy"]  # one dataset: its mean reward is the total
+    num_eval_prompts = len(Path(path).read_text().splitlines())
     assert records[1]["eval/num_samples"] == 2 * num_eval_prompts  # --n-samples-per-eval-prompt 2
     assert records[1]["eval/response_length_mean"] == 1  # --eval-max-response-len 1: every answer is cut at 1
     assert records[1]["rollout/response_length_mean"] > 1  # the training rollouts keep their 3
@@ -143,3 +145,35 @@ def test_apply_chat_template_generates_from_the_rendered_prompts(make_args, embe
         assert sample["prompt"].startswith("0+") and sample["prompt"].count("+") == 2
         prompt_ids = tokenizer(sample["prompt"])["input_ids"]
         assert sample["tokens"][: len(prompt_ids)] == prompt_ids
+
+
+def test_the_custom_generate_example_and_its_eval_config_train_two_async_rollouts(make_args, tmp_path, monkeypatch):
+    """examples/custom_generate.sh's function and eval config, as written (their paths from the repository root),
+    under the async loop with --keep-old-actor: the function's samples carry the engine's log-probs and weight
+    version, so the per-batch guard finds the snapshot of that version and checks its recomputed log-probs against
+    the engine's within --keep-old-actor-tol, and accepts the stale rollout."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    debug = str(tmp_path / "debug" / "{rollout_id}.pt")
+    args = make_args("--advantage-estimator", "grpo", "--keep-old-actor", "--num-rollout", "2",
+                     "--eval-interval", "2", "--custom-generate-function-path",
+                     "examples.custom_generate.generate.generate", "--eval-config",
+                     "examples/custom_generate/eval.yaml", "--save-debug-rollout-data", debug)
+    records = run_async(args)
+    assert column(records, "rollout_id") == [0, 1] and column(records, "off_policy/staleness_max") == [0, 1]
+    assert set(column(records, "off_policy/correction")) == {"keep_old_actor"}
+    # the snapshot's recompute against the samples' log-probs: float32 rounding of the same 2-layer forward under
+    # the same kept ids (the bound the sync test uses), where a fabricated log-prob would differ by O(1)
+    assert max(column(records, "off_policy/denominator_behavior_abs_diff_max")) <= 1e-4
+    assert all(0 <= record["rollout/reward_mean"] <= 1 for record in records)
+    evaluated = records[1]
+    assert {"eval/addition", "eval/addition-truncated_ratio", "eval/addition_cold",
+            "eval/addition_cold-truncated_ratio"} <= set(evaluated) and "eval/addition" not in records[0]
+    assert evaluated["eval/num_samples"] == 2 * 8 * 2  # two datasets of 8 prompts, n_samples_per_eval_prompt 2
+    trained = torch.load(debug.format(rollout_id=0), weights_only=False)["samples"]
+    # the function's top_k 8 acted on the training rollout: each response token kept at most 8 ids
+    assert all(s["sampling_kept_ids"] and all(len(ids) <= 8 for ids in s["sampling_kept_ids"]) for s in trained)
+    assert all(s["weight_versions"] == [1] for s in trained)
+    evaluation = torch.load(debug.format(rollout_id="eval_1"), weights_only=False)["samples"]
+    assert all(s["sampling_kept_ids"] is None for s in evaluation)  # evaluation sampled from the whole softmax
+    assert max(s["response_length"] for s in evaluation[16:]) <= 2  # addition_cold's max_response_len

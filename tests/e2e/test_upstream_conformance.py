@@ -39,3 +39,45 @@ def test_miles_parser_conforms_to_upstreams(upstream_python):
     assert report.failures == []
     assert report.shared >= 90 and report.command_lines > 100  # the flags and lines compared, not an empty check
     assert report.refused > 900  # every other upstream flag is refused by name (departures.toml)
+
+
+EVAL_FIELDS = ("name", "path", "input_key", "label_key", "n_samples_per_eval_prompt", "temperature", "top_p",
+               "top_k", "max_response_len")
+RESOLVE_UPSTREAM = """
+import dataclasses, json, sys
+from types import SimpleNamespace
+from miles.utils.eval_config import build_eval_dataset_configs, ensure_dataset_list
+launch, datasets, defaults = json.loads(sys.stdin.read())
+resolved = build_eval_dataset_configs(SimpleNamespace(**launch), ensure_dataset_list(datasets), defaults)
+print(json.dumps([dataclasses.asdict(dataset) for dataset in resolved]))
+"""
+
+
+def test_an_eval_config_resolves_as_upstreams_eval_config_resolves_it(upstream_python, tmp_path):
+    """Each dataset's fields (its own, the defaults', the launch's) against upstream's build_eval_dataset_configs."""
+    import json
+    import os
+    import subprocess
+
+    from miles.rollout.eval_config import eval_datasets
+    from miles.utils.arguments import parse_args
+
+    datasets = {"a": {"path": "/a.jsonl", "temperature": 0.25, "input_key": "question"},
+                "b": {"path": "/b.jsonl", "top_k": 5, "max_response_len": 2}, "c": {"path": "/c.jsonl"}}
+    defaults = {"n_samples_per_eval_prompt": 3, "top_p": 0.5}
+    config = tmp_path / "eval.yaml"
+    config.write_text(json.dumps({"eval": {"datasets": datasets, "defaults": defaults}}))  # JSON is YAML
+    args = parse_args(argv=["--eval-config", str(config), "--rollout-temperature", "0.8", "--eval-max-response-len",
+                            "6", "--label-key", "answer", "--n-samples-per-prompt", "2"])
+    # upstream's launch namespace: the dests its resolution reads, as its parser leaves them (eval_* unset: None)
+    launch = {"n_samples_per_eval_prompt": None, "n_samples_per_prompt": 2, "eval_temperature": None,
+              "rollout_temperature": 0.8, "eval_top_p": None, "rollout_top_p": 1.0, "eval_top_k": None,
+              "rollout_top_k": -1, "eval_max_response_len": 6, "rollout_max_response_len": args.rollout_max_response_len,
+              "eval_input_key": None, "input_key": "prompt", "eval_label_key": None, "label_key": "answer",
+              "eval_tool_key": None, "tool_key": None, "metadata_key": None}
+    done = subprocess.run([str(upstream_python), "-c", RESOLVE_UPSTREAM], input=json.dumps([launch, datasets, defaults]),
+                          capture_output=True, text=True, check=True, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # upstream's miles only
+    upstream = [{field: dataset[field] for field in EVAL_FIELDS} for dataset in json.loads(done.stdout)]
+    ours = [{field: getattr(dataset, field) for field in EVAL_FIELDS} for dataset in eval_datasets(args)]
+    assert ours == upstream and len(ours) == 3

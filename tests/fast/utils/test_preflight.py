@@ -248,3 +248,21 @@ def test_a_bad_eval_file_is_named_as_the_eval_flag(embedded, tmp_path):
     _refused(_args(embedded, tmp_path, "--eval-prompt-data", str(tmp_path / "missing.jsonl")),
              "^--eval-prompt-data .*missing.jsonl")
 
+
+
+def test_each_eval_config_dataset_is_read_and_named_before_ray_starts(embedded, tmp_path):
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: ok, path: {embedded.eval_jsonl}}}\n"
+                      f"    - {{name: gone, path: {tmp_path / 'gone.jsonl'}}}\n")
+    _refused(_args(embedded, tmp_path, "--eval-config", str(config)),
+             rf"^--eval-config {config} dataset 'gone' .*gone.jsonl'?: no such file")
+    config.write_text(f"eval:\n  datasets:\n    - {{name: ok, path: {embedded.eval_jsonl}, rm_type: deepscaler}}\n")
+    _refused(_args(embedded, tmp_path, "--eval-config", str(config)),
+             rf"^--eval-config {config} dataset 'ok' \(rm_type 'deepscaler'\): --rm-type 'deepscaler' is not a built-in")
+    config.write_text(f"eval:\n  datasets:\n    - {{name: ok, path: {embedded.eval_jsonl}, max_response_len: 60}}\n")
+    # an eval dataset's own response budget counts against the model's 64 positions (every prompt is 5 tokens)
+    _refused(_args(embedded, tmp_path, "--eval-config", str(config)),
+             rf"^--eval-config {config} dataset 'ok' .* prompt 1 .* is 5 tokens, which with its max_response_len 60 "
+             r"exceeds the model's 64 positions .* lower its max_response_len to 59 or less")
+    _refused(_args(embedded, tmp_path, "--eval-max-response-len", "60"),
+             r"^--eval-prompt-data .* is 5 tokens, which with --eval-max-response-len 60 ")
