@@ -115,6 +115,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_backend_arguments(parser)
         flags.add_dropout_arguments(parser)
         flags.add_recompute_arguments(parser)
+        flags.add_batching_arguments(parser)
         flags.add_parallel_arguments(parser)
         flags.add_architecture_arguments(parser)
         flags.add_rollout_arguments(parser)
@@ -186,6 +187,7 @@ def miles_validate_args(args) -> None:
     _fill(args, "eval_top_p", args.rollout_top_p, "--rollout-top-p")
     _fill(args, "eval_top_k", args.rollout_top_k, "--rollout-top-k")
     _derive_batch_sizes(args)
+    _check_dynamic_batch_size(args)
     _derive_rollout_engines(args)
     _check_corrections(args)
     args.notes = [note] if (note := corrections.combination_note(args)) else []
@@ -350,6 +352,26 @@ def apply_custom_config(args) -> None:
     for key, value in data.items():
         setattr(args, key, value)
         args.derived.append(f"{key} = {value!r} (from --custom-config-path)")
+
+
+def _check_dynamic_batch_size(args) -> None:
+    """--use-dynamic-batch-size needs its budget (upstream's rule); the budgets mean nothing without it, so they are
+    refused rather than ignored; the log-prob budget defaults to the training one (upstream's derivation)."""
+    if not args.use_dynamic_batch_size:
+        for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
+            if getattr(args, dest) is not None:
+                raise MilesConfigError(
+                    f"--{dest.replace('_', '-')} {getattr(args, dest)} is given without --use-dynamic-batch-size, "
+                    "and only dynamic batching reads a token budget (the fixed micro-batches take "
+                    "--micro-batch-size samples). Add --use-dynamic-batch-size, or drop the budget."
+                )
+        return
+    if args.max_tokens_per_gpu is None:
+        raise MilesConfigError(
+            "--use-dynamic-batch-size cuts micro-batches by a token budget, but --max-tokens-per-gpu is not given "
+            "(upstream's rule). Add --max-tokens-per-gpu N, e.g. the longest prompt + response a sample can have."
+        )
+    _fill(args, "log_probs_max_tokens_per_gpu", args.max_tokens_per_gpu, "--max-tokens-per-gpu")
 
 
 def _check_kl(args) -> None:

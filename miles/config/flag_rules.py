@@ -93,6 +93,8 @@ FLAG_RULES: dict[str, Range] = {
     "global_batch_size": AT_LEAST_ONE,
     "num_steps_per_rollout": AT_LEAST_ONE,
     "micro_batch_size": AT_LEAST_ONE,
+    "max_tokens_per_gpu": AT_LEAST_ONE,
+    "log_probs_max_tokens_per_gpu": AT_LEAST_ONE,
     "update_weights_interval": AT_LEAST_ONE,
     "start_rollout_id": Range(low=0, example="0", why="rollout ids count from 0"),
     "debug_exit_after_rollout": Range(low=0, example="0", why="rollout ids count from 0"),

@@ -333,6 +333,25 @@ def add_recompute_arguments(parser: argparse.ArgumentParser) -> None:
                        "layer; its layernorm needs Transformer Engine). (default: %(default)s: Megatron's core_attn)")
 
 
+def add_batching_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a step's samples are cut into forward passes and shared over DP ranks (docs/training.md#dynamic-batching)."""
+    group = parser.add_argument_group("dynamic batching and data balance")
+    group.add_argument("--use-dynamic-batch-size", action="store_true", default=False,
+                       help="Cut each rank's share of a step into micro-batches by token budget "
+                       "(--max-tokens-per-gpu) instead of --micro-batch-size, which is then ignored for training. "
+                       "The step's samples and its gradient are the same, to float rounding.")
+    group.add_argument("--max-tokens-per-gpu", type=int, default=None,
+                       help="The token budget of one training micro-batch with --use-dynamic-batch-size, counted as "
+                       "the forward pass sees it: samples x the longest one (miles right-pads); a longer sample is "
+                       "a micro-batch of its own. (default: %(default)s)")
+    group.add_argument("--log-probs-max-tokens-per-gpu", type=int, default=None,
+                       help="The same budget for the no-grad passes (old and reference log-probs, the critic's old "
+                       "values) with --use-dynamic-batch-size. (default: --max-tokens-per-gpu)")
+    group.add_argument("--balance-data", action="store_true", default=False,
+                       help="Share each optimizer step's samples over the data-parallel ranks so that each gets a "
+                       "similar number of tokens (equal sample counts); the step's gradient is the same.")
+
+
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """How many ranks train each role and how they split the model (docs/ranks.md)."""
     group = parser.add_argument_group(

@@ -76,6 +76,8 @@ def _check_role(args, layout: RoleLayout) -> None:
             f"{tp} ranks). Pick a number of ranks that is a multiple of {tp}, or a tensor-parallel size dividing {world}."
         )
     dp, global_batch, micro = layout.data_parallel_size, args.global_batch_size, args.micro_batch_size
+    if args.use_dynamic_batch_size:
+        micro = 1  # --micro-batch-size is ignored for training: the token budget cuts the micro-batches
     if global_batch % dp or (global_batch // dp) % min(micro, global_batch // dp):
         raise MilesConfigError(
             f"--global-batch-size {global_batch} is not divisible by the data-parallel size {dp} ({where}, "

@@ -31,6 +31,11 @@ from miles.backends.training_utils.loss import (
     value_loss,
 )
 from miles.backends.training_utils.loss_hub.corrections import tis_choice
+from miles.backends.training_utils.micro_batches import (
+    balanced_order,
+    fixed_micro_batches,
+    token_budget_micro_batches,
+)
 from miles.backends.training_utils.lr_schedule import learning_rate, schedule_for_role
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, set_learning_rate
 from miles.backends.training_utils.recompute import Recompute
@@ -67,6 +72,9 @@ def run_optimizer_steps(
     where: str = "training",
     data_parallel: SingleRank = SINGLE_RANK,
     learning_rate: Callable[[int], float] | None = None,
+    lengths: list[int] | None = None,
+    max_tokens_per_micro_batch: int | None = None,
+    balance_data: bool = False,
 ) -> dict[str, float]:
     """Optimizer steps over consecutive global batches of sample indices, accumulating micro-batch gradients.
 
@@ -78,6 +86,10 @@ def run_optimizer_steps(
     non-finite loss or gradient norm raises ``DivergenceError`` (naming ``where``) before its step is applied.
     ``learning_rate(s)``, when given, is the rate of this call's step ``s`` (from 0); metric ``lr`` is the rate of
     the last step.
+
+    ``lengths`` (tokens per sample) drive two regroupings of a step's samples that leave its gradient as it is
+    (``micro_batches``): ``max_tokens_per_micro_batch`` cuts this rank's share by padded token budget instead of
+    ``micro_batch_size``; ``balance_data`` gives the DP ranks shares of similar token totals.
     """
     num_samples = len(loss_masks)
     totals: dict[str, float] = {}
@@ -89,9 +101,14 @@ def run_optimizer_steps(
         divisor = step_divisor([loss_masks[i] for i in step], per_token)
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
+        if balance_data:
+            step = balanced_order(step, lengths, data_parallel.size)
         local = data_parallel.local_indices(step)
-        for micro_start in range(0, len(local), micro_batch_size):
-            micro = local[micro_start : micro_start + micro_batch_size]
+        if max_tokens_per_micro_batch is None:
+            micro_batches = fixed_micro_batches(local, micro_batch_size)
+        else:
+            micro_batches = token_budget_micro_batches(local, lengths, max_tokens_per_micro_batch)
+        for micro in micro_batches:
             loss, metrics = micro_batch_loss(micro, divisor)
             loss.backward()
             step_loss += float(loss.detach())
@@ -127,11 +144,25 @@ class _TrainProcess:
         set_parallel_state(state)
         self.data_parallel = data_parallel_rank(state)
 
+    def _no_grad_passes(self, samples: list[Sample], forward: Callable[[list[Sample]], Tensors]) -> Tensors:
+        """``forward`` over all samples at once, or with --use-dynamic-batch-size over micro-batches within
+        --log-probs-max-tokens-per-gpu: each row is masked from the others, so per-sample outputs agree to float rounding."""
+        if not self.args.use_dynamic_batch_size:
+            return forward(samples)
+        lengths = [len(sample.tokens) for sample in samples]
+        outputs: list[torch.Tensor | None] = [None] * len(samples)
+        for micro in token_budget_micro_batches(range(len(samples)), lengths, self.args.log_probs_max_tokens_per_gpu):
+            for i, output in zip(micro, forward([samples[i] for i in micro]), strict=True):
+                outputs[i] = output
+        return outputs
+
     def trained_rollout_id(self) -> int | None:
         """The rollout whose training the live weights hold (None: part-way through one), for a save on a stop."""
         return self.trained_rollout
 
-    def _optimizer_steps(self, rollout_id: int, loss_masks: Tensors, micro_batch_loss) -> dict[str, float]:
+    def _optimizer_steps(self, rollout_id: int, loss_masks: Tensors, micro_batch_loss,
+                         lengths: list[int] | None = None) -> dict[str, float]:
+        # lengths: tokens per sample, read by --use-dynamic-batch-size and --balance-data
         """``run_optimizer_steps`` on this process's model and flags, keeping ``trained_rollout`` true."""
         previous, self.trained_rollout = self.trained_rollout, None
         try:
@@ -140,6 +171,9 @@ class _TrainProcess:
                 self.args.micro_batch_size, self.args.calculate_per_token_loss, self.args.clip_grad, micro_batch_loss,
                 where=f"rollout {rollout_id}, {self.role}", data_parallel=self.data_parallel,
                 learning_rate=lambda step: learning_rate(self.optimizer_steps + step, self.schedule),
+                lengths=lengths,
+                max_tokens_per_micro_batch=self.args.max_tokens_per_gpu if self.args.use_dynamic_batch_size else None,
+                balance_data=self.args.balance_data,
             )
         except DivergenceError as error:
             if not error.weights_changed:
@@ -382,7 +416,8 @@ class PolicyTrainer(_TrainProcess):
 
     def _forward_log_probs(self, model: TrainModel, samples: list[Sample]) -> Tensors:
         with model.eval_mode():
-            return model.response_log_probs(samples, self.args.rollout_temperature)[0]
+            return self._no_grad_passes(
+                samples, lambda part: model.response_log_probs(part, self.args.rollout_temperature)[0])
 
     def _check_provenance(self, rollout_id: int, samples: list[Sample], expected_staleness: int) -> list[int]:
         """The guard's checks that need no forward pass: versions, staleness, pushed fingerprints, engine log-probs."""
@@ -510,7 +545,7 @@ class PolicyTrainer(_TrainProcess):
                     first_step_log_probs[i] = lp.detach()
             return policy_loss(self.loss_config, _select(batch, indices), log_probs, entropy, divisor)
 
-        metrics = self._optimizer_steps(rollout_id, batch["loss_masks"], micro_batch_loss)
+        metrics = self._optimizer_steps(rollout_id, batch["loss_masks"], micro_batch_loss, batch["total_lengths"])
         metrics = {f"train/{name}": value for name, value in metrics.items()}
         first_step_log_probs = self.data_parallel.merged(first_step_log_probs)  # each rank saw its slice
         first = sorted(first_step_log_probs)
@@ -543,7 +578,7 @@ class ValueTrainer(_TrainProcess):
     def compute_values(self, rollout: RolloutBatch) -> Tensors:
         """V_t of every response token under the current critic, before this rollout's steps (the "old" values)."""
         with self.model.eval_mode():
-            return self.model.response_values(rollout.samples)
+            return self._no_grad_passes(rollout.samples, self.model.response_values)
 
     def train(self, rollout_id: int, rollout: RolloutBatch, old_values: Tensors, actor_guard=None) -> dict[str, float]:
         """One rollout's critic steps. ``actor_guard`` is the actor's ``prepare`` result, passed only so that Ray
@@ -561,5 +596,5 @@ class ValueTrainer(_TrainProcess):
             values = self.model.response_values([samples[i] for i in indices])
             return value_loss(self.loss_config, _select(batch, indices), values, divisor)
 
-        metrics = self._optimizer_steps(rollout_id, loss_masks, micro_batch_loss)
+        metrics = self._optimizer_steps(rollout_id, loss_masks, micro_batch_loss, [len(s.tokens) for s in samples])
         return {f"critic/{name}": value for name, value in metrics.items()}

@@ -349,3 +349,35 @@ def test_saved_version_weights_that_were_changed_are_refused(embedded, tmp_path)
     save_file(tensors, weights_file, metadata={"format": "pt"})
     with pytest.raises(MilesConfigError, match=f"{folder} holds weights with fingerprint .* weight version 1 was"):
         policy_trainer(embedded, *save).init(exact_resume=True)
+
+
+# Dynamic micro-batches (--use-dynamic-batch-size): the same step as the reference, to float rounding. The toy's
+# gradient is a sum of 8 per-sample terms of a few float32 products each; grouping them otherwise changes the sum
+# by a few ulps (n u sum|g_i|, n = 8, u = 2^-24: ~5e-7 relative for a well-conditioned sum), inside
+# _assert_same_parameters' rtol 1e-5.
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("max_tokens", [5, 8, 40])
+def test_dynamic_micro_batches_take_the_fixed_step(max_tokens, per_token):
+    features, targets, masks = _toy_data()
+    model = _toy_model()
+    seen = []
+
+    def micro_batch_loss(indices, divisor):
+        seen.append(indices)
+        losses = _sample_losses(model, features, targets, masks, indices, per_token)
+        return torch.stack(losses).sum() / divisor, {"sample_loss": float(torch.stack(losses).detach().mean())}
+
+    metrics = run_optimizer_steps(TrainModel(model).clip_grad_norm, torch.optim.SGD(model.parameters(), lr=LR), masks,
+                                  4, 1, per_token, 1e9, micro_batch_loss, lengths=TOKEN_COUNTS,
+                                  max_tokens_per_micro_batch=max_tokens)
+    expected, grad_norms = _reference_steps(global_batch_size=4, per_token=per_token)
+    _assert_same_parameters(model, expected)
+    assert metrics["grad_norm"] == pytest.approx(sum(grad_norms) / 2, rel=1e-5)
+    fixed_model, fixed_metrics, _ = _run(1, global_batch_size=4, per_token=per_token)
+    assert metrics["sample_loss"] == pytest.approx(fixed_metrics["sample_loss"], rel=1e-5)
+    # each step's samples, cut within the padded budget (5: the 5-token sample alone), never across steps
+    assert sorted(i for mb in seen for i in mb) == list(range(8))
+    assert all(set(mb) <= {0, 1, 2, 3} or set(mb) <= {4, 5, 6, 7} for mb in seen)
+    for mb in seen:
+        assert len(mb) * max(TOKEN_COUNTS[i] for i in mb) <= max_tokens
+    assert len(seen) == {5: 6, 8: 5, 40: 2}[max_tokens]  # 8: [2, 0], [3, 1] | [4], [6, 5], [7]
