@@ -134,7 +134,8 @@ class _Consumer:
 
     def __call__(self, name: str) -> torch.Tensor:
         if name not in self._state:
-            raise KeyError(f"the {self._what} state dict has no {name!r}: it is not the Qwen2/Qwen3 layout miles converts")
+            raise KeyError(f"the {self._what} state dict has no {name!r}: it is not the Qwen2/Qwen3 layout miles "
+                           "converts")
         self._unused.discard(name)
         return self._state[name]
 
