@@ -1,7 +1,8 @@
 """Hugging Face tensors in SGLang's layout, and the digests SGLang's weight checker reports for them.
 
-SGLang (0.5.23) holds a Qwen2/Llama-family model with q/k/v fused into ``self_attn.qkv_proj`` and gate/up into
-``mlp.gate_up_proj`` (each concatenated along dim 0, in that order), the vocabulary rows of ``embed_tokens`` (and of
+SGLang (0.5.23) holds a Qwen2/Qwen3/Llama-family model with q/k/v fused into ``self_attn.qkv_proj`` and gate/up
+into ``mlp.gate_up_proj`` (each concatenated along dim 0, in that order; Qwen3's ``q_norm``/``k_norm`` keep their
+HF names), the vocabulary rows of ``embed_tokens`` (and of
 an untied ``lm_head``) zero-padded to a multiple of 64, a tied ``lm_head`` not listed (it is ``embed_tokens``), and
 every tensor in the engine's dtype. Its checker (``check_weights(action="checksum")``) reports, per tensor,
 ``sha256(raw bytes)[:8]`` as 16 hex digits. ``sglang_digests(hf_state_dict, dtype)`` computes the same table from

@@ -1,14 +1,21 @@
-"""Fixtures shared by the fast tests: one embedded default built into a temporary cache for the whole session."""
+"""Fixtures shared by the fast tests: one embedded default built into a temporary cache for the whole session, and
+one tiny random Qwen3 (tests/tiny_qwen3.py)."""
 
 import pytest
 import torch
 
 from miles.rollout.embedded import EmbeddedPaths, ensure_embedded_default
+from tests.tiny_qwen3 import save_tiny_qwen3
 
 
 @pytest.fixture(scope="session")
 def embedded(tmp_path_factory) -> EmbeddedPaths:
     return ensure_embedded_default(str(tmp_path_factory.mktemp("miles-cache")))
+
+
+@pytest.fixture(scope="session")
+def qwen3_checkpoint(tmp_path_factory, embedded) -> str:
+    return save_tiny_qwen3(tmp_path_factory.mktemp("qwen3"), embedded.checkpoint_dir)
 
 
 @pytest.fixture

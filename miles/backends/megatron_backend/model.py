@@ -1,8 +1,9 @@
-"""megatron-core's GPTModel as a miles ``TrainModel``: built from a Hugging Face Qwen2 config, loaded and saved in
-the Hugging Face layout.
+"""megatron-core's GPTModel as a miles ``TrainModel``: built from a Hugging Face Qwen2 or Qwen3 config, loaded and
+saved in the Hugging Face layout.
 
-- The actor is GPTModel with the local layer spec (RMSNorm, GQA, qkv bias, SwiGLU, RoPE), its weights converted
-  from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch backend's weights.
+- The actor is GPTModel with the local layer spec (RMSNorm, GQA, SwiGLU, RoPE; qkv bias for Qwen2, q/k RMSNorm for
+  Qwen3), its weights converted from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch
+  backend's weights.
 - The critic is the same GPTModel whose output layer is a scalar head with bias, Megatron's stand-in for HF's
   token-classification ``score`` layer. It is converted from the HF critic that ``miles.models.hf`` builds, so a
   new head starts from the torch backend's initialization, bit for bit, under the same seed.
@@ -49,11 +50,12 @@ with quiet_megatron_warnings():
 
 def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_size: int = 1,
                        dropout: dict | None = None, recompute: Recompute = Recompute()) -> TransformerConfig:
-    """Megatron's config for a Hugging Face Qwen2 config; fusions off (they need CUDA kernels), fp32. ``dropout``:
+    """Megatron's config for a Hugging Face Qwen2/Qwen3 config; fusions off (they need CUDA kernels), fp32. ``dropout``:
     --attention-dropout / --hidden-dropout (0 when absent), Megatron's own fields: the attention probabilities'
     dropout under the RNG tracker's model-parallel state, the hidden states' (after attention and after the MLP)
     under the default one; ``recompute``: Megatron's recompute fields."""
     dropout = dropout or {}
+    layout = Qwen2Layout.from_hf_config(hf_config, "actor")
     return TransformerConfig(
         tensor_model_parallel_size=tensor_parallel_size,
         num_layers=hf_config.num_hidden_layers,
@@ -61,13 +63,14 @@ def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_
         ffn_hidden_size=hf_config.intermediate_size,
         num_attention_heads=hf_config.num_attention_heads,
         num_query_groups=hf_config.num_key_value_heads,
-        kv_channels=Qwen2Layout.from_hf_config(hf_config, "actor").head_dim,
+        kv_channels=layout.head_dim,
         normalization="RMSNorm",
         layernorm_epsilon=hf_config.rms_norm_eps,
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
-        add_qkv_bias=True,
+        add_qkv_bias=layout.qkv_bias,
+        qk_layernorm=layout.qk_layernorm,
         hidden_dropout=dropout.get("hidden_dropout", 0.0),
         attention_dropout=dropout.get("attention_dropout", 0.0),
         **recompute.megatron_fields(),
@@ -114,7 +117,9 @@ def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_p
 def _gpt_model(hf_config, role: str, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            normalization="RMSNorm", qk_layernorm=Qwen2Layout.from_hf_config(hf_config, role).qk_layernorm
+        ),
         vocab_size=padded_vocab_size(hf_config.vocab_size, tensor_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         position_embedding_type="rope",

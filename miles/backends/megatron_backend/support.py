@@ -12,7 +12,7 @@ from pathlib import Path
 
 from miles.utils.errors import MilesConfigError
 
-SUPPORTED_MODEL_TYPES = ("qwen2",)  # the families with a conversion table in this package
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")  # the families with a conversion table (qwen2.py FAMILIES)
 
 
 def check_megatron_backend(hf_checkpoint: str, tensor_parallel_size: int = 1) -> None:
@@ -36,6 +36,9 @@ def _unsupported(config: dict) -> list[str]:
         return [f"model_type is {model_type!r}, but the backend converts only {', '.join(SUPPORTED_MODEL_TYPES)} "
                 f"models (miles/backends/megatron_backend/qwen2.py). {fix}"]
     problems = []
+    if model_type == "qwen3" and config.get("attention_bias"):
+        problems.append("attention_bias is true, but the backend converts Qwen3 without attention biases (the bias "
+                        f"of o_proj would need Megatron's add_bias_linear, which also adds MLP biases). {fix}")
     if config.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act is {config['hidden_act']!r}, but the backend builds a SwiGLU (silu) MLP. {fix}")
     if config.get("use_sliding_window"):

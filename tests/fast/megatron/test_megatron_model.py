@@ -2,8 +2,14 @@
 the actor and of the critic, the push fingerprint, keep-old-actor snapshots and checkpoints in either direction.
 
 Tolerances: both backends compute in float32 with different kernels (fused QKV, megatron's attention), so they
-agree to float32 rounding accumulated over a few layers (~1e-7 measured on the embedded default); 1e-5 leaves a
-wide margin on any CPU while still catching a wrong layout, mask or position (those move log-probs by > 1e-2).
+agree to float32 rounding accumulated over a few layers (~1e-7 measured on the embedded default). Derived: float32's
+unit roundoff is 6e-8; each of the 2 layers adds a few roundings per sum of <= 256 terms of O(1) values (~sqrt(256)
+* 6e-8 ~ 1e-6 worst case per layer, in the hidden state and then the log-softmax), so 1e-5 bounds 2 layers with a
+margin while still catching a wrong layout, mask, norm or position (those move log-probs by > 1e-2).
+
+The checkpoints: the embedded default (Qwen2, tied, MHA), a random GQA Qwen2 (untied, rope_theta 500) and the tiny
+Qwen3 (tests/tiny_qwen3.py: q/k norms, no qkv bias, head_dim 16 != hidden / heads); the torch backend runs
+transformers' own Qwen2ForCausalLM / Qwen3ForCausalLM, the independent reference.
 """
 
 import pytest
@@ -11,7 +17,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from miles.backends import load_train_model
-from miles.backends.megatron_backend.qwen2 import megatron_to_hf
+from miles.backends.megatron_backend.qwen2 import hf_to_megatron, megatron_to_hf
+from miles.backends.megatron_backend.tensor_parallel import shard_state, unshard_tensor
 from miles.backends.training_utils.train_process import ValueTrainer
 from miles.guard.fingerprint import weights_fingerprint
 from miles.utils.errors import OffPolicyGuardError
@@ -49,9 +56,9 @@ def gqa_checkpoint(tmp_path_factory) -> str:
     return str(folder)
 
 
-@pytest.fixture(params=["embedded", "gqa"])
-def checkpoint_dir(request, embedded, gqa_checkpoint) -> str:
-    return embedded.checkpoint_dir if request.param == "embedded" else gqa_checkpoint
+@pytest.fixture(params=["embedded", "gqa", "qwen3"])
+def checkpoint_dir(request, embedded, gqa_checkpoint, qwen3_checkpoint) -> str:
+    return {"embedded": embedded.checkpoint_dir, "gqa": gqa_checkpoint, "qwen3": qwen3_checkpoint}[request.param]
 
 
 def _assert_lists_close(actual: list[torch.Tensor], expected: list[torch.Tensor], atol: float) -> None:
@@ -94,9 +101,11 @@ def test_the_pushed_weights_are_the_hf_weights_and_fingerprint_identically(check
     assert weights_fingerprint(pushed) == weights_fingerprint(expected)  # the same tensors, hashed the same way
 
 
-def test_a_new_critic_starts_from_the_torch_backends_initialization_and_gives_its_values(embedded):
-    megatron, torch_model = (load_train_model(b, "critic", embedded.checkpoint_dir, seed=7)
-                             for b in ("megatron", "torch"))
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_new_critic_starts_from_the_torch_backends_initialization_and_gives_its_values(embedded, qwen3_checkpoint,
+                                                                                          family):
+    folder = embedded.checkpoint_dir if family == "qwen2" else qwen3_checkpoint
+    megatron, torch_model = (load_train_model(b, "critic", folder, seed=7) for b in ("megatron", "torch"))
     assert weights_fingerprint(megatron.hf_state_dict()) == weights_fingerprint(torch_model.hf_state_dict())
     with torch.no_grad():
         _assert_lists_close(megatron.response_values(SAMPLES), torch_model.response_values(SAMPLES), atol=1e-5)
@@ -193,3 +202,21 @@ def test_a_checkpoint_of_one_backend_loads_into_the_other(embedded, tmp_path, wr
     loaded = load_train_model(reader, "actor", str(tmp_path), seed=0).hf_state_dict()
     assert set(loaded) == set(saved)
     assert all(torch.equal(loaded[name], saved[name]) for name in saved)
+
+
+def test_a_qwen3_state_shards_over_tensor_parallel_ranks_with_replicated_qk_norms(qwen3_checkpoint):
+    """Megatron's q/k layernorms normalize each head over head_dim, so every rank holds them whole; the HF state
+    comes back bit for bit from the shards."""
+    model = load_train_model("megatron", "actor", qwen3_checkpoint, seed=0)
+    hf = model.hf_state_dict()
+    whole = hf_to_megatron(hf, model.layout)
+    norms = [name for name in whole if name.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
+    assert len(norms) == 4 and not set(norms) & set(model.partition_dims)
+    shards = [shard_state(whole, model.partition_dims, rank, 2, 15) for rank in range(2)]
+    assert all(torch.equal(shard[name], whole[name]) for shard in shards for name in norms)
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert [shard[qkv].shape[0] for shard in shards] == [64, 64]  # one whole query group (2 q + k + v heads) each
+    back = {name: unshard_tensor(name, [shard[name] for shard in shards], model.partition_dims[name], 15)
+            if name in model.partition_dims else shards[0][name] for name in whole}
+    restored = megatron_to_hf(back, model.layout)
+    assert set(restored) == set(hf) and all(torch.equal(restored[name], hf[name]) for name in hf)

@@ -1,11 +1,21 @@
-"""HF Qwen2 <-> Megatron conversion: bit-exact round trips, and the fused layouts checked against hand-built rows."""
+"""HF Qwen2/Qwen3 <-> Megatron conversion: bit-exact round trips, and the fused layouts checked against hand-built
+rows."""
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+from transformers import (
+    LlamaConfig,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForTokenClassification,
+    Qwen3ForCausalLM,
+    Qwen3ForTokenClassification,
+)
 
-from miles.backends.megatron_backend.qwen2 import Qwen2Layout, hf_to_megatron, megatron_to_hf
+from miles.backends.megatron_backend.qwen2 import FAMILIES, Qwen2Layout, hf_to_megatron, megatron_to_hf
+from miles.backends.megatron_backend.support import SUPPORTED_MODEL_TYPES
 from miles.models.hf import load_causal_lm
+from tests.tiny_qwen3 import qwen3_config
 
 
 def _random_gqa_config(tied: bool) -> Qwen2Config:
@@ -91,3 +101,48 @@ def test_a_tensor_outside_the_table_is_refused_not_dropped():
     del missing["model.layers.0.mlp.up_proj.weight"]
     with pytest.raises(KeyError, match="up_proj"):
         hf_to_megatron(missing, _layout())
+
+
+# Qwen3: q_norm/k_norm instead of q/k/v biases, and a head_dim (16) that is not hidden_size / heads (8).
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_round_trip_is_bit_exact_on_a_random_qwen3(tied):
+    torch.manual_seed(0)
+    _assert_bit_exact_round_trip(Qwen3ForCausalLM(qwen3_config(tie_word_embeddings=tied)), "actor")
+
+
+def test_round_trip_is_bit_exact_for_a_qwen3_critic():
+    torch.manual_seed(0)
+    _assert_bit_exact_round_trip(Qwen3ForTokenClassification(qwen3_config()), "critic")
+
+
+def test_qwen3_norms_map_one_to_one_and_its_qkv_has_no_bias():
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(qwen3_config()).state_dict()
+    layout = Qwen2Layout.from_hf_config(qwen3_config(), "actor")
+    assert (layout.qkv_bias, layout.qk_layernorm, layout.head_dim) == (False, True, 16)
+    megatron = hf_to_megatron(hf, layout)
+    for i in range(2):
+        for hf_norm, megatron_norm in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
+            assert torch.equal(megatron[f"decoder.layers.{i}.self_attention.{megatron_norm}.weight"],
+                               hf[f"model.layers.{i}.self_attn.{hf_norm}.weight"])
+        assert f"decoder.layers.{i}.self_attention.linear_qkv.bias" not in megatron
+        # 2 groups x (2 q heads + k + v) x head_dim 16 rows, from hidden 32
+        assert megatron[f"decoder.layers.{i}.self_attention.linear_qkv.weight"].shape == (2 * 4 * 16, 32)
+
+
+def test_a_qwen3_state_with_qkv_biases_is_refused_not_dropped():
+    torch.manual_seed(0)
+    state = {**Qwen3ForCausalLM(qwen3_config()).state_dict(), "model.layers.0.self_attn.q_proj.bias": torch.ones(64)}
+    with pytest.raises(KeyError, match="q_proj.bias"):
+        hf_to_megatron(state, Qwen2Layout.from_hf_config(qwen3_config(), "actor"))
+
+
+def test_a_family_without_a_table_is_refused():
+    with pytest.raises(ValueError, match="'llama'"):
+        Qwen2Layout.from_hf_config(LlamaConfig(), "actor")
+
+
+def test_the_preflight_knows_exactly_the_families_with_a_table():
+    assert SUPPORTED_MODEL_TYPES == tuple(FAMILIES)

@@ -25,16 +25,21 @@ def test_the_embedded_default_is_accepted(embedded):
     check_megatron_backend(embedded.checkpoint_dir)
 
 
+def test_the_tiny_qwen3_is_accepted(qwen3_checkpoint):
+    check_megatron_backend(qwen3_checkpoint, tensor_parallel_size=2)
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "llama"}, "model_type is 'llama', but the backend converts only qwen2"),
+        ({"model_type": "llama"}, "model_type is 'llama', but the backend converts only qwen2, qwen3"),
+        ({"model_type": "qwen3", "attention_bias": True}, "attention_bias is true"),
         ({"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
         ({"use_sliding_window": True}, "no sliding-window attention"),
         ({"rope_parameters": {"rope_type": "yarn"}}, "RoPE type 'yarn' is not supported"),
         ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
     ],
-    ids=["family", "activation", "sliding-window", "rope", "heads"],
+    ids=["family", "qwen3-attention-bias", "activation", "sliding-window", "rope", "heads"],
 )
 def test_what_cannot_be_converted_is_refused_with_the_value_and_the_fix(tmp_path, changes, message):
     with pytest.raises(MilesConfigError, match=message) as caught:

@@ -74,3 +74,38 @@ def test_the_preflight_checks_the_embedded_checkpoint_and_stops_in_one_line(embe
         check_architecture_flags(parse_args(argv=[*matching, "--hidden-size", "128"]), Path(embedded.checkpoint_dir))
     message = str(error.value)
     assert "\n" not in message and "--hidden-size 128 but the checkpoint's hidden_size is 64" in message
+
+
+# Qwen3-0.6B's config.json (the fields read) and upstream's scripts/models/qwen3-0.6B.sh, written out by hand: 128
+# channels per head (not 1024 / 16 = 64), q/k norms, no biases at all.
+QWEN3_06B = {"num_hidden_layers": 28, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+             "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": True, "attention_bias": False}
+QWEN3_TENSORS = {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_norm.weight",
+                 "model.layers.0.self_attn.k_norm.weight", "model.layers.0.mlp.down_proj.weight"}
+QWEN3_06B_SCRIPT = ["--swiglu", "--num-layers", "28", "--hidden-size", "1024", "--ffn-hidden-size", "3072",
+                    "--num-attention-heads", "16", "--group-query-attention", "--num-query-groups", "8",
+                    "--use-rotary-position-embeddings", "--disable-bias-linear", "--normalization", "RMSNorm",
+                    "--norm-epsilon", "1e-6", "--rotary-base", "1000000", "--vocab-size", "151936",
+                    "--kv-channels", "128", "--qk-layernorm"]
+
+
+def test_upstreams_qwen3_script_agrees_with_its_checkpoint():
+    assert architecture_mismatches(_given(QWEN3_06B_SCRIPT), checkpoint_architecture(QWEN3_06B, QWEN3_TENSORS)) == []
+
+
+def test_the_qwen3_script_against_a_qwen2_checkpoint_names_the_query_key_norms():
+    # the Qwen3 script's sizes, with a Qwen2 checkpoint's tensors (q/k/v biases, no q_norm)
+    problems = architecture_mismatches(_given(["--qk-layernorm", "--kv-channels", "128"]),
+                                       checkpoint_architecture(QWEN3_06B, QWEN2_TENSORS))
+    assert problems == ["--qk-layernorm but the checkpoint's query/key norms (q_norm tensors) is False"]
+
+
+def test_the_tiny_qwen3_checkpoint_is_read_from_its_files(qwen3_checkpoint):
+    # the preflight's reading of a real folder: config.json and the safetensors' tensor names
+    folder = Path(qwen3_checkpoint)
+    with pytest.raises(MilesConfigError, match=r"--kv-channels 8 but the checkpoint's head_dim .* is 16"):
+        check_architecture_flags(parse_args(argv=["--hf-checkpoint", qwen3_checkpoint, "--qk-layernorm",
+                                                  "--kv-channels", "8"]), folder)
+    check_architecture_flags(parse_args(argv=["--hf-checkpoint", qwen3_checkpoint, "--qk-layernorm",
+                                              "--kv-channels", "16", "--untie-embeddings-and-output-weights"]), folder)

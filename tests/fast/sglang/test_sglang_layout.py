@@ -5,9 +5,11 @@ import hashlib
 
 import pytest
 import torch
+from transformers import Qwen3ForCausalLM
 
 from miles.rollout.sglang_layout import check_held_weights, sglang_digests, tensor_digest, to_sglang_layout
 from miles.utils.errors import OffPolicyGuardError
+from tests.tiny_qwen3 import qwen3_config
 
 
 def _qwen2_like(vocab=15, hidden=4, tied=True):
@@ -43,6 +45,22 @@ def test_fused_padded_and_tied_tensors_are_laid_out_as_sglang_holds_them():
     embed = layout["model.embed_tokens.weight"]
     assert embed.shape == (64, 4) and torch.equal(embed[:15], state["model.embed_tokens.weight"])
     assert not embed[15:].any()
+
+
+def test_a_qwen3_state_keeps_its_qk_norms_and_fuses_qkv_without_bias():
+    """SGLang's Qwen3 (sglang/srt/models/qwen3.py, 0.5.23) holds self_attn.qkv_proj (a bias only with attention_bias),
+    self_attn.q_norm / k_norm under the HF names, and mlp.gate_up_proj: Qwen2's layout plus the two norms."""
+    torch.manual_seed(0)
+    state = Qwen3ForCausalLM(qwen3_config(num_hidden_layers=1)).state_dict()
+    layout = to_sglang_layout(state, tied_embeddings=False)
+    p = "model.layers.0."
+    assert sorted(layout) == sorted([
+        "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", f"{p}input_layernorm.weight",
+        f"{p}post_attention_layernorm.weight", f"{p}self_attn.qkv_proj.weight", f"{p}self_attn.o_proj.weight",
+        f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight", f"{p}mlp.gate_up_proj.weight",
+        f"{p}mlp.down_proj.weight"])
+    assert layout[f"{p}self_attn.qkv_proj.weight"].shape == ((4 + 2 + 2) * 16, 32)  # q, k, v heads x head_dim 16
+    assert layout[f"{p}self_attn.q_norm.weight"] is state[f"{p}self_attn.q_norm.weight"]
 
 
 def test_an_untied_lm_head_is_kept_and_padded():
