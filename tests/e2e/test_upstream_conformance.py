@@ -38,7 +38,9 @@ def test_miles_parser_conforms_to_upstreams(upstream_python):
     print("\n".join(report.lines()))
     assert report.failures == []
     assert report.shared >= 90 and report.command_lines > 100  # the flags and lines compared, not an empty check
-    assert report.refused > 900  # every other upstream flag is refused by name (departures.toml)
+    # every other upstream flag is refused by name (departures.toml); the sum is stable as refused flags get
+    # implemented (upstream's parser has about 1,030 options, Megatron's and SGLang's included)
+    assert report.refused > 800 and report.shared + report.refused > 1000
 
 
 EVAL_FIELDS = ("name", "path", "input_key", "label_key", "n_samples_per_eval_prompt", "temperature", "top_p",
