@@ -19,6 +19,7 @@ from miles.backends.training_utils import checkpoint
 from miles.models.architecture import architecture_mismatches, checkpoint_architecture
 from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
 from miles.rollout.data_source import load_prompts
+from miles.rollout.dynamic_sampling import load_dynamic_filter
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
@@ -61,6 +62,7 @@ def preflight(args) -> int:
         prompt_files.append((eval_flag, args.eval_prompt_data, load_prompts(args, args.eval_prompt_data, eval_flag)))
     check_prompts_fit(args, prompt_files)
     get_reward_fn(args.rm_type, args.custom_rm_path)
+    load_dynamic_filter(args.dynamic_sampling_filter_path)
     return len(prompts)
 
 
