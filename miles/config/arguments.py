@@ -188,6 +188,7 @@ def miles_validate_args(args) -> None:
     _fill(args, "eval_top_k", args.rollout_top_k, "--rollout-top-k")
     _derive_batch_sizes(args)
     _check_dynamic_batch_size(args)
+    _check_over_sampling(args)
     _derive_rollout_engines(args)
     _check_corrections(args)
     args.notes = [note] if (note := corrections.combination_note(args)) else []
@@ -240,6 +241,18 @@ def _derive_batch_sizes(args) -> None:
             f"(--rollout-batch-size x --n-samples-per-prompt). Pick a divisor of {samples}."
         )
     _derive(args, "num_steps_per_rollout", samples // args.global_batch_size, "from --global-batch-size")
+
+
+def _check_over_sampling(args) -> None:
+    """--over-sampling-batch-size defaults to --rollout-batch-size and may not be below it (upstream's rule)."""
+    _fill(args, "over_sampling_batch_size", args.rollout_batch_size, "--rollout-batch-size")
+    sizes = (args.over_sampling_batch_size, args.rollout_batch_size)
+    if all(isinstance(size, int) for size in sizes) and sizes[0] < sizes[1]:  # miles-check: placeholders pass
+        raise MilesConfigError(
+            f"--over-sampling-batch-size {args.over_sampling_batch_size} is below --rollout-batch-size "
+            f"{args.rollout_batch_size}: a round must draw at least the prompts one rollout trains on. Pass at least "
+            f"{args.rollout_batch_size}, or leave it out."
+        )
 
 
 def _derive_rollout_engines(args) -> None:

@@ -89,6 +89,7 @@ FLAG_RULES: dict[str, Range] = {
     "num_rollout": AT_LEAST_ONE,
     "num_epoch": AT_LEAST_ONE,
     "rollout_batch_size": AT_LEAST_ONE,
+    "over_sampling_batch_size": AT_LEAST_ONE,
     "n_samples_per_prompt": AT_LEAST_ONE,
     "global_batch_size": AT_LEAST_ONE,
     "num_steps_per_rollout": AT_LEAST_ONE,

@@ -550,6 +550,21 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "which awaits miles.rollout.sglang_rollout.generate (docs/training.md, A custom generate function). "
         "(default: the engines' batched sampling)",
     )
+    group.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        default=None,
+        help="Prompts drawn per round of dynamic sampling: rounds are drawn until --rollout-batch-size groups pass "
+        "--dynamic-sampling-filter-path; kept groups beyond it are dropped. At least --rollout-batch-size. "
+        "(default: --rollout-batch-size)",
+    )
+    group.add_argument(
+        "--dynamic-sampling-filter-path",
+        default=None,
+        help="Filter of each group, 'package.module.function' called as fn(args, samples) -> "
+        "DynamicFilterOutput(keep, reason) (miles.rollout.filter_hub.base_types), e.g. DAPO's "
+        "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std. (default: keep every group)",
+    )
 
 
 def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> None:

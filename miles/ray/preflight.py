@@ -20,6 +20,7 @@ from miles.models.architecture import architecture_mismatches, checkpoint_archit
 from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
 from miles.rollout.custom_generate import load_generate_function
 from miles.rollout.data_source import load_prompts
+from miles.rollout.dynamic_sampling import load_dynamic_filter
 from miles.rollout.eval_config import dataset_flag, eval_datasets, load_eval_sets
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
@@ -72,6 +73,7 @@ def preflight(args) -> int:
             get_reward_fn(dataset.rm_type, args.custom_rm_path)
         except MilesConfigError as error:
             raise MilesConfigError(f"{dataset_flag(args, dataset)} (rm_type {dataset.rm_type!r}): {error}") from None
+    load_dynamic_filter(args.dynamic_sampling_filter_path)
     return len(prompts)
 
 

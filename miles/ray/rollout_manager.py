@@ -20,6 +20,7 @@ from miles.guard.display import short
 from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
 from miles.rollout.custom_generate import Generation, custom_samples, load_generate_function
 from miles.rollout.data_source import PromptDataSource, load_prompts
+from miles.rollout.dynamic_sampling import filter_verdict, load_dynamic_filter, sample_dynamically
 from miles.rollout.engine_actor import engine_actor_class
 from miles.rollout.eval_config import eval_datasets, eval_metrics, load_eval_sets
 from miles.rollout.protocol import engine_class
@@ -28,9 +29,11 @@ from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError,
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
 
 
-def rollout_seed(base_seed: int, rollout_id: int, engine_index: int) -> int:
-    """Sampling seed of one engine's share of rollout ``rollout_id``: a rollout is reproducible from its id."""
-    return zlib.crc32(f"{base_seed}:{rollout_id}:{engine_index}".encode())
+def rollout_seed(base_seed: int, rollout_id: int, engine_index: int, round_index: int = 0) -> int:
+    """Sampling seed of one engine's share of rollout ``rollout_id`` (of its round ``round_index`` under dynamic
+    sampling; round 0 keeps the seed of a rollout without): a rollout is reproducible from its id."""
+    suffix = f":{round_index}" if round_index else ""
+    return zlib.crc32(f"{base_seed}:{rollout_id}:{engine_index}{suffix}".encode())
 
 
 def _split(items: list, parts: int) -> list[list]:
@@ -55,6 +58,7 @@ class RolloutManager:
         path = args.custom_generate_function_path
         self.generate_fn = load_generate_function(path) if path else None
         self.eval_rewards = [get_reward_fn(dataset.rm_type, args.custom_rm_path) for dataset, _ in self.eval_sets]
+        self.dynamic_filter = load_dynamic_filter(args.dynamic_sampling_filter_path)
         self.weight_version = 0
         self.push_perf: dict[str, float] = {}  # the latest push's cost inside the engines (SGLang)
         self.last_push_s = 0.0  # the latest push, export ready to every engine loaded; reported with the next rollout
@@ -96,15 +100,16 @@ class RolloutManager:
         self.data_source.continue_at(rollout_id, position)
 
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
-                temperature: float, max_response_len: int, sampling: dict, reward_fn=None) -> list[Sample]:
+                temperature: float, max_response_len: int, sampling: dict, reward_fn=None,
+                round_index: int = 0) -> list[Sample]:
         if self.generate_fn is not None:  # upstream's per-sample function (miles/rollout/custom_generate.py)
-            generation = Generation(self._request, len(self.engines),
-                                    rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, 0), sampling)
+            seed = rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, 0, round_index)
+            generation = Generation(self._request, len(self.engines), seed, sampling)
             samples = custom_samples(self.generate_fn, self.args, generation, prompts, n_samples, temperature,
                                      max_response_len, evaluation=seed_offset > 0)
         else:
             samples = self._engine_samples(prompts, n_samples, rollout_id, seed_offset, temperature,
-                                           max_response_len, sampling)
+                                           max_response_len, sampling, round_index)
         for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
             sample.index, sample.group_index = index, index // n_samples
             if sample.reward is None:  # a custom generate function may have set it
@@ -117,12 +122,13 @@ class RolloutManager:
         return self.engines[engine_index].generate.remote([prompt], 1, temperature, max_new_tokens, seed, sampling)
 
     def _engine_samples(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
-                        temperature: float, max_response_len: int, sampling: dict) -> list[Sample]:
+                        temperature: float, max_response_len: int, sampling: dict,
+                        round_index: int) -> list[Sample]:
         shares = _split(prompts, len(self.engines))
         futures = [
             engine.generate.remote(
                 share, n_samples, temperature, max_response_len,
-                rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, index), sampling,
+                rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, index, round_index), sampling,
             )
             for index, (engine, share) in enumerate(zip(self.engines, shares, strict=True))
             if share
@@ -135,11 +141,30 @@ class RolloutManager:
             ) from None
         return [sample for share in generated for sample in share]
 
+    def _groups(self, prompts: list[dict], rollout_id: int, round_index: int) -> list[list[Sample]]:
+        """One round's samples, split into groups (the samples of one prompt)."""
+        n = self.args.n_samples_per_prompt
+        samples = self._sample(prompts, n, rollout_id, 0, self.args.rollout_temperature,
+                               self.args.rollout_max_response_len,
+                               sampling_options(self.args, self.args.rollout_top_p, self.args.rollout_top_k),
+                               round_index=round_index)
+        return [samples[i : i + n] for i in range(0, len(samples), n)]
+
     def generate(self, rollout_id: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Rollout ``rollout_id``: --rollout-batch-size groups, drawn in rounds of --over-sampling-batch-size prompts
+        and kept by --dynamic-sampling-filter-path (one round, all kept, without them; miles.rollout.dynamic_sampling).
+        Every round runs inside this call, so no weight push lands between them: each sample carries the version
+        its engine stamped, and the guard checks each sample's own."""
         start = time.perf_counter()
-        samples = self._sample(self.data_source.get_prompts(rollout_id), self.args.n_samples_per_prompt, rollout_id, 0,
-                               self.args.rollout_temperature, self.args.rollout_max_response_len,
-                               sampling_options(self.args, self.args.rollout_top_p, self.args.rollout_top_k))
+        result = sample_dynamically(
+            rollout_id, self.args.rollout_batch_size, self.args.over_sampling_batch_size, len(self.data_source),
+            draw=lambda count: self.data_source.draw(rollout_id, count),
+            generate=lambda prompts, round_index: self._groups(prompts, rollout_id, round_index),
+            keep=filter_verdict(self.dynamic_filter, self.args), filter_name=self.args.dynamic_sampling_filter_path)
+        self.data_source.finish(rollout_id)
+        samples = [sample for group in result.groups for sample in group]
+        for index, sample in enumerate(samples):  # the kept groups renumbered, contiguous as the trainer expects
+            sample.index, sample.group_index = index, index // self.args.n_samples_per_prompt
         if self.args.save_debug_rollout_data:
             save_debug_rollout_data(self.args.save_debug_rollout_data, rollout_id, samples)
         rewards = [sample.reward for sample in samples]
@@ -149,6 +174,7 @@ class RolloutManager:
             "rollout/truncated_fraction": sum(s.status == SampleStatus.TRUNCATED for s in samples) / len(samples),
             "rollout/num_samples": float(len(samples)),
             "rollout/weight_version": float(self.weight_version),
+            **(result.metrics() if dynamic_sampling(self.args) else {}),
             "perf/generate_s": time.perf_counter() - start,
             "perf/last_push_s": self.last_push_s,
             **self.push_perf,
@@ -173,6 +199,11 @@ class RolloutManager:
             every = [sample for _, samples in results for sample in samples]
             save_debug_rollout_data(self.args.save_debug_rollout_data, rollout_id, every, evaluation=True)
         return eval_metrics(results)
+
+
+def dynamic_sampling(args) -> bool:
+    """Whether the rollout over-samples or filters (then it reports the filter's metrics)."""
+    return bool(args.dynamic_sampling_filter_path) or args.over_sampling_batch_size != args.rollout_batch_size
 
 
 def sampling_options(args, top_p: float, top_k: int) -> dict:

@@ -118,6 +118,10 @@ class PromptDataSource:
     was asked before, so a resumed run gets the same prompts for rollout k; a resume continues at the position the
     checkpoint recorded (``continue_at``), so even with another --rollout-batch-size no prompt is skipped or
     repeated.
+
+    Under dynamic sampling a rollout draws a variable number of prompts (rounds of --over-sampling-batch-size):
+    ``draw`` takes them from where the rollout's previous draws ended, and ``finish`` records where the next rollout
+    starts, so p(k + 1) = p(k) + the prompts rollout k drew, and ``position`` stays exact for a checkpoint.
     """
 
     def __init__(self, prompts: list[dict], rollout_batch_size: int, shuffle: bool, seed: int):
@@ -131,13 +135,17 @@ class PromptDataSource:
         self.seed = seed
         self._epoch_orders: dict[int, list[int]] = {}
         self._origin = (0, 0)  # (rollout id s, its first prompt's position p_s)
+        self._starts: dict[int, int] = {}  # rollout id -> its first position, for rollouts that drew (finish)
+        self._drawn = 0  # prompts the rollout being generated drew so far (draw)
 
     def continue_at(self, rollout_id: int, position: int) -> None:
         """Rollout ``rollout_id`` starts at prompt ``position`` of the stream (a resume's saved position)."""
-        self._origin = (rollout_id, position)
+        self._origin, self._starts, self._drawn = (rollout_id, position), {}, 0
 
     def position(self, rollout_id: int) -> int:
         """p(k): the stream position of rollout ``rollout_id``'s first prompt."""
+        if rollout_id in self._starts:
+            return self._starts[rollout_id]
         if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < self._origin[0]:
             raise ValueError(f"rollout_id={rollout_id!r}: must be an integer >= {self._origin[0]}.")
         return self._origin[1] + (rollout_id - self._origin[0]) * self.rollout_batch_size
@@ -147,8 +155,23 @@ class PromptDataSource:
 
     def get_prompts(self, rollout_id: int) -> list[dict]:
         """The ``rollout_batch_size`` prompts of rollout ``rollout_id`` (counted from 0)."""
+        return self._prompts_at(self.position(rollout_id), self.rollout_batch_size)
+
+    def draw(self, rollout_id: int, count: int) -> list[dict]:
+        """The next ``count`` prompts of rollout ``rollout_id``: after those it drew already (dynamic sampling)."""
+        prompts = self._prompts_at(self.position(rollout_id) + self._drawn, count)
+        self._drawn += count
+        return prompts
+
+    def finish(self, rollout_id: int) -> None:
+        """Rollout ``rollout_id`` drew all it will: the next rollout starts where its draws ended."""
         start = self.position(rollout_id)
-        positions = range(start, start + self.rollout_batch_size)
+        self._starts = {k: p for k, p in self._starts.items() if k >= rollout_id - 1}  # a checkpoint asks k + 1
+        self._starts[rollout_id] = start
+        self._origin, self._drawn = (rollout_id + 1, start + self._drawn), 0
+
+    def _prompts_at(self, start: int, count: int) -> list[dict]:
+        positions = range(start, start + count)
         return [dict(self.prompts[self._epoch_order(p // len(self))[p % len(self)]]) for p in positions]
 
     def _epoch_order(self, epoch: int) -> Sequence[int]:

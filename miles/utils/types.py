@@ -44,6 +44,10 @@ class Sample:
         """Plain Python values, as upstream's ``Sample.to_dict`` (``--save-debug-rollout-data``)."""
         return {**dataclasses.asdict(self), "status": self.status.value}
 
+    def get_reward_value(self, args) -> float | None:
+        """The reward a filter reads (upstream's signature; miles' rewards are scalars, so ``args`` is unused)."""
+        return self.reward
+
     @property
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length

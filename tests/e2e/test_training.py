@@ -177,3 +177,28 @@ def test_the_custom_generate_example_and_its_eval_config_train_two_async_rollout
     evaluation = torch.load(debug.format(rollout_id="eval_1"), weights_only=False)["samples"]
     assert all(s["sampling_kept_ids"] is None for s in evaluation)  # evaluation sampled from the whole softmax
     assert max(s["response_length"] for s in evaluation[16:]) <= 2  # addition_cold's max_response_len
+
+
+def test_async_grpo_with_dapo_dynamic_sampling_trains_on_groups_that_spread(make_args, tmp_path):
+    """--over-sampling-batch-size with upstream's filter path: each rollout trains on 4 groups whose rewards are
+    not all equal (read back from the debug dumps, not from the code under test), each sample stamped with the
+    version the async schedule says: W_g(k) with g(k) = k - d(k) (staleness_reference), which is the push
+    g(k) + 1 (docs/design.md §2: version 1 is the push before the loop)."""
+    dumps = tmp_path / "dumps" / "rollout_{rollout_id}.pt"
+    records = run_async(make_args(
+        "--advantage-estimator", "grpo", "--num-rollout", "3", "--over-sampling-batch-size", "8",
+        "--dynamic-sampling-filter-path", "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        "--save-debug-rollout-data", str(dumps)))
+    assert column(records, "off_policy/staleness_max") == [0, 1, 1]
+    assert column(records, "rollout/num_samples") == [16.0] * 3
+    drops = []
+    for record in records:
+        rounds = record["rollout/dynamic_filter/rounds"]
+        drops.append(sum(value for name, value in record.items() if name.startswith("rollout/dynamic_filter/drop_")))
+        assert rounds >= 1 and drops[-1] <= rounds * 8 - 4  # 8 groups a round, 4 of them kept
+    assert sum(drops) > 0, "the filter never dropped a group: the run did not exercise it"
+    for rollout_id in range(3):
+        samples = torch.load(str(dumps).format(rollout_id=rollout_id), weights_only=False)["samples"]
+        groups = [samples[i : i + 4] for i in range(0, 16, 4)]
+        assert all(len({s["reward"] for s in g}) > 1 for g in groups), [[s["reward"] for s in g] for g in groups]
+        assert {v for s in samples for v in s["weight_versions"]} == {rollout_id - staleness_reference(rollout_id, 1) + 1}
