@@ -11,13 +11,13 @@ on one side) moves the gradients by whole percents.
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from miles.backends import load_train_model
 from miles.backends.training_utils.recompute import Recompute, checkpointed_layers, recompute_problem
 from miles.config.arguments import parse_args
 from miles.utils.types import Sample
 from tests.extras import MEGATRON_ABSENT, megatron_installed
+from tests.tiny_qwen2 import save_gqa_qwen2
 
 SAMPLES = [Sample(group_index=i, index=i, prompt="", label="", tokens=prompt + response,
                   response_length=len(response))
@@ -32,13 +32,7 @@ BACKENDS = ["torch", pytest.param("megatron", marks=[
 @pytest.fixture(scope="module")
 def three_layers(tmp_path_factory) -> str:
     """A random Qwen2 of 3 layers (so block 1 and uniform chunks of 2 leave layers out), GQA, untied embeddings."""
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=15, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         tie_word_embeddings=False, rope_theta=500.0)
-    folder = tmp_path_factory.mktemp("three-layers")
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    return str(folder)
+    return save_gqa_qwen2(tmp_path_factory.mktemp("three-layers"), num_hidden_layers=3)
 
 
 def _reseed(backend: str) -> None:

@@ -14,7 +14,6 @@ transformers' own Qwen2ForCausalLM / Qwen3ForCausalLM, the independent reference
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from miles.backends import load_train_model
 from miles.backends.megatron_backend.qwen2 import hf_to_megatron, megatron_to_hf
@@ -31,6 +30,7 @@ from tests.fast.trainers import (
     train_on,
     trainer_args,
 )
+from tests.tiny_qwen2 import save_gqa_qwen2
 
 pytestmark = [pytest.mark.megatron, pytest.mark.usefixtures("restore_torch_threads")]
 
@@ -47,13 +47,7 @@ SAMPLES = [_sample([1, 3, 12], [4, 2], 0), _sample([1, 5, 12, 5, 13], [2], 1), _
 @pytest.fixture(scope="module")
 def gqa_checkpoint(tmp_path_factory) -> str:
     """A random Qwen2 with grouped-query attention (4 heads, 2 KV groups) and untied embeddings, saved as HF."""
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=15, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         tie_word_embeddings=False, rope_theta=500.0)
-    folder = tmp_path_factory.mktemp("gqa")
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    return str(folder)
+    return save_gqa_qwen2(tmp_path_factory.mktemp("gqa"), num_hidden_layers=2)
 
 
 @pytest.fixture(params=["embedded", "gqa", "qwen3"])
