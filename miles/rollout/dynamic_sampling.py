@@ -54,7 +54,7 @@ def sample_dynamically(rollout_id: int, target: int, over_sampling_batch_size: i
     """Rounds of ``draw(O)`` -> ``generate(prompts, round)`` -> ``keep(group)`` until ``target`` groups passed.
 
     ``keep`` returns the filter's verdict (``call_dynamic_filter``); a rollout that draws ``give_up_after``
-    prompts without filling is a ``RolloutError`` naming the counts and the fix.
+    prompts without filling is a ``MilesRunError`` naming the counts and the fix.
     """
     result = DynamicSamplingResult(groups=[], prompts_drawn=0, rounds=0)
     while len(result.groups) < target:

@@ -4,6 +4,7 @@ when its rewards are not all equal, because a group of equal rewards has zero GR
 from __future__ import annotations
 
 import math
+import statistics
 
 from miles.rollout.filter_hub.base_types import DynamicFilterOutput
 
@@ -15,10 +16,7 @@ STD_THRESHOLD = 1e-8  # upstream's: a float64 std above it counts as spread
 def reward_std(rewards: list[float]) -> float:
     """The sample standard deviation sqrt(sum (r - mean)^2 / (n - 1)) in float64, as ``torch.std`` (unbiased);
     NaN for one reward, as torch gives, so a group of one never passes."""
-    if len(rewards) < 2:
-        return math.nan
-    mean = math.fsum(rewards) / len(rewards)
-    return math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    return statistics.stdev(rewards) if len(rewards) >= 2 else math.nan
 
 
 def check_reward_nonzero_std(args, samples: list, **kwargs) -> DynamicFilterOutput:
