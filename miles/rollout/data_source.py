@@ -110,18 +110,16 @@ def chat_prompt(tokenizer, text: str, kwargs: dict) -> str:
 
 
 class PromptDataSource:
-    """Rollout k gets the prompts at positions [p(k), p(k) + B) of an endless stream of epochs over the data,
-    p(k) = p_s + (k − s)·B from the origin (s, p_s): (0, 0) for a fresh run, so p(k) = k·B.
+    """Rollout k reads the prompts from position p(k) of an endless stream of epochs over the data: ``draw(k, n)``
+    takes the next n (one batch of B = --rollout-batch-size, or rounds of --over-sampling-batch-size under dynamic
+    sampling), and ``finish(k)`` records that the next rollout starts where k's draws ended:
+    p(k + 1) = p(k) + the prompts rollout k drew. A rollout that has not started yet is at
+    p(k) = p_s + (k − s)·B from the origin (s, p_s): (0, 0) for a fresh run, so p(k) = k·B without dynamic sampling.
 
     Epoch e is the data in file order, or, with ``shuffle``, permuted by ``random.Random(seed + e)``. A batch may
-    run across an epoch boundary. The answer depends only on (prompts, B, shuffle, seed, origin, k), never on what
-    was asked before, so a resumed run gets the same prompts for rollout k; a resume continues at the position the
-    checkpoint recorded (``continue_at``), so even with another --rollout-batch-size no prompt is skipped or
-    repeated.
-
-    Under dynamic sampling a rollout draws a variable number of prompts (rounds of --over-sampling-batch-size):
-    ``draw`` takes them from where the rollout's previous draws ended, and ``finish`` records where the next rollout
-    starts, so p(k + 1) = p(k) + the prompts rollout k drew, and ``position`` stays exact for a checkpoint.
+    run across an epoch boundary. The prompts depend only on (prompts, shuffle, seed) and the positions, so a
+    resume that continues at the position the checkpoint recorded (``continue_at``) reads what the straight run
+    would have, even with another --rollout-batch-size: no prompt is skipped or repeated.
     """
 
     def __init__(self, prompts: list[dict], rollout_batch_size: int, shuffle: bool, seed: int):
@@ -152,10 +150,6 @@ class PromptDataSource:
 
     def __len__(self) -> int:
         return len(self.prompts)
-
-    def get_prompts(self, rollout_id: int) -> list[dict]:
-        """The ``rollout_batch_size`` prompts of rollout ``rollout_id`` (counted from 0)."""
-        return self._prompts_at(self.position(rollout_id), self.rollout_batch_size)
 
     def draw(self, rollout_id: int, count: int) -> list[dict]:
         """The next ``count`` prompts of rollout ``rollout_id``: after those it drew already (dynamic sampling)."""

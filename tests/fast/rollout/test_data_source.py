@@ -99,38 +99,51 @@ def _reference_batch(prompts, batch_size, shuffle, seed, rollout_id):
     return stream[rollout_id * batch_size : (rollout_id + 1) * batch_size]
 
 
+def _rollout(source, rollout_id):
+    """What the rollout manager does for a rollout without dynamic sampling: draw one batch, then finish."""
+    prompts = source.draw(rollout_id, source.rollout_batch_size)
+    source.finish(rollout_id)
+    return prompts
+
+
+def _rollouts(source, rollout_ids):
+    return [_rollout(source, k) for k in rollout_ids]
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 10])
 def test_batches_match_a_reference_loop(shuffle, batch_size):
     source = PromptDataSource(PROMPTS, rollout_batch_size=batch_size, shuffle=shuffle, seed=5)
     for rollout_id in range(12):
-        assert source.get_prompts(rollout_id) == _reference_batch(PROMPTS, batch_size, shuffle, 5, rollout_id)
+        assert _rollout(source, rollout_id) == _reference_batch(PROMPTS, batch_size, shuffle, 5, rollout_id)
 
 
 def test_without_shuffle_batches_follow_file_order_and_wrap():
     source = PromptDataSource(PROMPTS, rollout_batch_size=3, shuffle=False, seed=0)
-    assert [p["label"] for p in source.get_prompts(0)] == ["0", "1", "2"]
-    assert [p["label"] for p in source.get_prompts(2)] == ["6", "0", "1"]  # crosses into epoch 1
+    labels = [[p["label"] for p in batch] for batch in _rollouts(source, range(3))]
+    assert labels[0] == ["0", "1", "2"]
+    assert labels[2] == ["6", "0", "1"]  # crosses into epoch 1
 
 
 def test_shuffled_epochs_are_permutations_in_different_orders():
     source = PromptDataSource(PROMPTS, rollout_batch_size=7, shuffle=True, seed=1)
-    epochs = [[p["label"] for p in source.get_prompts(k)] for k in range(4)]
+    epochs = [[p["label"] for p in batch] for batch in _rollouts(source, range(4))]
     assert all(sorted(epoch) == sorted(p["label"] for p in PROMPTS) for epoch in epochs)
     assert len({tuple(epoch) for epoch in epochs}) > 1
 
 
-def test_resumed_source_gives_the_same_prompts_in_any_query_order():
+def test_a_resume_at_the_saved_position_gives_the_same_prompts_as_the_straight_run():
     first = PromptDataSource(PROMPTS, rollout_batch_size=4, shuffle=True, seed=3)
-    sequential = [first.get_prompts(k) for k in range(10)]
+    sequential = _rollouts(first, range(10))
     resumed = PromptDataSource(PROMPTS, rollout_batch_size=4, shuffle=True, seed=3)
-    assert [resumed.get_prompts(k) for k in (9, 6, 7, 8)] == [sequential[k] for k in (9, 6, 7, 8)]
+    resumed.continue_at(6, 6 * 4)  # what a checkpoint after rollout 5 records: position(6) = 6·B
+    assert _rollouts(resumed, range(6, 10)) == sequential[6:]
 
 
 def test_returned_prompts_are_copies():
     source = PromptDataSource(PROMPTS, rollout_batch_size=2, shuffle=False, seed=0)
-    source.get_prompts(0)[0]["prompt"] = "changed"
-    assert source.get_prompts(0)[0]["prompt"] == "p0"
+    source.draw(0, 2)[0]["prompt"] = "changed"
+    assert source.draw(0, 7)[5]["prompt"] == "p0"  # positions 2-8: position 7 is p0 again, in epoch 1
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
@@ -143,17 +156,18 @@ def test_empty_prompts_and_negative_rollout_id_are_rejected():
     with pytest.raises(MilesConfigError, match="no prompts"):
         PromptDataSource([], rollout_batch_size=1, shuffle=False, seed=0)
     with pytest.raises(ValueError, match="rollout_id=-1"):
-        PromptDataSource(PROMPTS, rollout_batch_size=1, shuffle=False, seed=0).get_prompts(-1)
+        PromptDataSource(PROMPTS, rollout_batch_size=1, shuffle=False, seed=0).draw(-1, 1)
 
 
 def test_loaded_embedded_data_feeds_the_source(embedded):
     prompts = load_prompt_data(embedded.train_jsonl, "prompt", "label")
     source = PromptDataSource(prompts, rollout_batch_size=16, shuffle=True, seed=42)
     assert len(source) == 80
-    assert [len(source.get_prompts(k)) for k in range(6)] == [16] * 6
+    batches = _rollouts(source, range(6))
+    assert [len(batch) for batch in batches] == [16] * 6
     fresh = PromptDataSource(prompts, rollout_batch_size=16, shuffle=True, seed=42)
-    assert json.dumps(fresh.get_prompts(5)) == json.dumps(source.get_prompts(5))
-    assert {p["prompt"] for k in range(5) for p in source.get_prompts(k)} == {p["prompt"] for p in prompts}
+    assert json.dumps(_rollouts(fresh, range(6))[5]) == json.dumps(batches[5])
+    assert {p["prompt"] for batch in batches[:5] for p in batch} == {p["prompt"] for p in prompts}
 
 
 def _stream_slice(shuffle: bool, start: int, stop: int) -> list[dict]:
@@ -169,7 +183,7 @@ def test_a_resume_continues_at_the_saved_position_even_with_another_batch_size(s
     resumed = PromptDataSource(PROMPTS, rollout_batch_size=4, shuffle=shuffle, seed=5)
     resumed.continue_at(3, saving.position(3))
     assert saving.position(3) == 9 and resumed.position(4) == 13
-    read = [p for k in range(3) for p in saving.get_prompts(k)] + [p for k in (3, 4) for p in resumed.get_prompts(k)]
-    assert read == _stream_slice(shuffle, 0, 17)
     with pytest.raises(ValueError, match="rollout_id=2: must be an integer >= 3"):
-        resumed.get_prompts(2)
+        resumed.draw(2, 4)
+    read = [p for batch in _rollouts(saving, range(3)) + _rollouts(resumed, (3, 4)) for p in batch]
+    assert read == _stream_slice(shuffle, 0, 17)

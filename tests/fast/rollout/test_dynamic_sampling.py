@@ -117,7 +117,7 @@ def test_prompt_positions_follow_what_each_rollout_drew_and_resume_exactly():
     resumed.continue_at(2, source.position(2))  # what a checkpoint after rollout 1 saved
     assert resumed.draw(2, 3) + resumed.draw(2, 3) == drawn[2]
     # an unbroken stream: rollout 1's 9 prompts are positions 3..11 of the same shuffled epochs
-    assert drawn[0] + drawn[1] + drawn[2] == PromptDataSource(prompts, 18, True, 5).get_prompts(0)
+    assert drawn[0] + drawn[1] + drawn[2] == PromptDataSource(prompts, 18, True, 5).draw(0, 18)
 
 
 def make_manager(rewards_of_prompt, version_of_round, over=3, batch=2, n=2):
