@@ -44,8 +44,9 @@ def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
                         "--recompute-activations", "--lora-rank", "8"])
     line = refusal_line(namespace)
     assert "\n" not in line and not hasattr(namespace, "refused_flags") and namespace.lr == 1e-4
-    # the parallelism group's flags together, then its reason and what it accepts
-    assert "--sequence-parallel, --context-parallel-size 2: miles' megatron backend has tensor parallelism" in line
+    # each group's flags together, then its reason and what it accepts, the groups in the launch's order
+    assert "--sequence-parallel: not implemented in miles yet: gloo has the collectives" in line
+    assert "; --context-parallel-size 2: miles' megatron backend has tensor parallelism" in line
     assert "(accepted: --context-parallel-size 1)" in line
     for shown in ("--bf16", "--recompute-activations", "--lora-rank 8"):
         assert shown in line
@@ -90,4 +91,5 @@ def test_conformance_md_shows_the_refused_table_as_rendered_from_the_file():
     text = (REPO / "docs" / "conformance.md").read_text(encoding="utf-8")
     assert render_into(text, REFUSED_BEGIN, REFUSED_END, refused_markdown) == text, \
         "run: python -m miles.conformance.departures"
-    assert "| model parallelism (55) | `--allgather-cp`, `--sequence-parallel`," in text
+    assert "| model parallelism (54) | `--allgather-cp`, `--hybrid-context-parallel`," in text
+    assert "| sequence parallelism (1) | `--sequence-parallel` | none |" in text
