@@ -58,6 +58,9 @@ class Refusal:
     why: str
     nargs: object  # as upstream's parser reads it: 0 (a switch), None (one value), "+", "*" or a count
     accepts: tuple = ()  # the values that mean what miles does anyway ("on": the switch itself)
+    # the upstream commit a flag newer than the conformance check's parser (miles-rl 0.0.2) was seen at ("": the
+    # parser has it): such a flag is known here although that parser cannot confirm it
+    newer_upstream: str = ""
 
 
 @functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
@@ -89,7 +92,8 @@ def load_refusals() -> dict[str, Refusal]:
         arity = {**dict.fromkeys(row.get("switches", ()), 0), **dict.fromkeys(row.get("values", ())),
                  **{flag: int(n) if n.isdigit() else n for flag, n in row.get("nargs", {}).items()}}
         for flag, nargs in arity.items():
-            refusals[flag] = Refusal(group, row["why"], nargs, tuple(row.get("accepts", {}).get(flag, ())))
+            refusals[flag] = Refusal(group, row["why"], nargs, tuple(row.get("accepts", {}).get(flag, ())),
+                                     row.get("newer_upstream", ""))
     return refusals
 
 
@@ -140,8 +144,10 @@ def refused_markdown() -> str:
         flags = [*row.get("switches", ()), *row.get("values", ()), *row.get("nargs", {})]
         accepted = ", ".join(f"`{flag} {' or '.join(values)}`".replace(" on`", "`")
                              for flag, values in row.get("accepts", {}).items()) or "none"
+        newer = (f" (flags of upstream at {row['newer_upstream']}, newer than the conformance check's parser)"
+                 if row.get("newer_upstream") else "")
         rows.append(f"| {group} ({len(flags)}) | {', '.join(f'`{flag}`' for flag in flags)} | {accepted} | "
-                    f"{row['why']} |")
+                    f"{row['why']}{newer} |")
     return "\n".join(rows)
 
 

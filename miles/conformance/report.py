@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 from miles.check.launch import ASYNC_DRIVER, REJECTED, check_launch
 from miles.conformance import compare
-from miles.conformance.departures import added_option_strings, load_additions, load_departures
+from miles.conformance.departures import added_option_strings, load_additions, load_departures, load_refusals
 from miles.conformance.parser_spec import describe_parser, parse_command_line
 from miles.conformance.upstream_env import DEFAULT_ENV_DIR, ensure_upstream_env, upstream_parser_dump
 from miles.config import corrections
@@ -103,7 +103,8 @@ def _coverage_failures(report, all_miles_options, refused, upstream_options) -> 
     report.refused = len(refused)
     report.failures += [f"upstream's {flag} is unknown to miles' parser: implement it or refuse it in "
                         "departures.toml" for flag in compare.unknown_upstream_flags(all_miles_options, upstream_options)]
-    report.failures += compare.refusal_mismatches(refused, upstream_options)
+    newer = frozenset(flag for flag, refusal in load_refusals().items() if refusal.newer_upstream)
+    report.failures += compare.refusal_mismatches(refused, upstream_options, newer)
 
 
 def _sample_failures(report, samples, parsed, miles_parser, miles_options, upstream_options) -> None:

@@ -4,6 +4,7 @@ from miles.conformance.compare import (
     Difference,
     flag_differences,
     only_in_miles,
+    refusal_mismatches,
     stale_listings,
     undocumented,
     value_disagreement,
@@ -58,3 +59,14 @@ def test_values_of_one_command_line_are_compared_through_each_sides_dest():
     ours, theirs = {"lr": 0.25, "norm": True}, {"lr": 0.25, "grpo_norm": False}
     assert value_disagreement("--lr", MILES, UPSTREAM, ours, theirs) is None
     assert value_disagreement("--norm", MILES, UPSTREAM, ours, theirs) == "--norm: miles True, upstream False"
+
+
+def test_a_refusal_of_a_newer_upstream_flag_may_be_absent_upstream_but_not_differ_in_arity():
+    refused = {"--use-opd": _record("refused_flags", nargs=0), "--opd-type": _record("refused_flags", nargs=None),
+               "--gone": _record("refused_flags", nargs=0)}
+    upstream = {"--opd-type": _record("opd_type", nargs="+")}
+    problems = refusal_mismatches(refused, upstream, newer=frozenset({"--use-opd", "--opd-type"}))
+    # --use-opd: newer than that parser, absent there: fine; --opd-type: present with another arity: a mismatch;
+    # --gone: not marked newer and absent: stale
+    assert problems == ["--gone: refused in departures.toml, but upstream has no such flag",
+                        "--opd-type: refused with nargs None, upstream's is '+'"]

@@ -1,0 +1,47 @@
+"""Every flag upstream's public launchers pass (radixark/miles scripts/*.sh, scripts/models/*.sh, examples/**/*.sh)
+is known to miles' parser: implemented, or refused with its reason. The names below were collected from those
+launchers (names only, not their text); ``--sglang-*`` words are SGLang's and pass through, so they are left out."""
+
+import pytest
+
+from miles.config.arguments import build_parser
+from miles.config.refused import implemented_actions
+from miles.conformance.departures import load_refusals
+
+# scripts/run-qwen3-4B.sh (the reference launch) and the on-policy distillation examples
+LAUNCHER_FLAGS = [
+    "--actor-num-nodes", "--actor-num-gpus-per-node", "--colocate", "--hf-checkpoint", "--ref-load", "--load",
+    "--save", "--save-interval", "--prompt-data", "--input-key", "--label-key", "--apply-chat-template",
+    "--rollout-shuffle", "--rm-type", "--num-rollout", "--rollout-batch-size", "--n-samples-per-prompt",
+    "--rollout-max-response-len", "--rollout-temperature", "--global-batch-size", "--balance-data",
+    "--eval-interval", "--eval-prompt-data", "--n-samples-per-eval-prompt", "--eval-max-response-len",
+    "--eval-top-p", "--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
+    "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-dynamic-batch-size",
+    "--max-tokens-per-gpu", "--advantage-estimator", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type",
+    "--entropy-coef", "--eps-clip", "--eps-clip-high", "--optimizer", "--lr", "--lr-decay-style", "--weight-decay",
+    "--adam-beta1", "--adam-beta2", "--rollout-num-gpus-per-engine", "--attention-dropout", "--hidden-dropout",
+    "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend",
+    "--use-opd", "--opd-type", "--opd-kl-coef", "--opd-teacher-load", "--opd-teacher-ckpt-step", "--opd-loss-coef",
+    "--opd-kl-type", "--opd-token-selection", "--opd-teacher-timeout-s", "--opd-disable-rl-reward",
+    "--teacher-hf-checkpoint", "--teacher-num-gpus-per-engine",
+    "--use-rollout-logprobs", "--use-fault-tolerance", "--log-passrate", "--reward-key", "--rm-url",
+    "--custom-reward-post-process-path", "--train-env-vars", "--train-memory-margin-bytes", "--log-probs-chunk-size",
+    "--qkv-format", "--calculate-per-token-loss", "--use-rollout-routing-replay", "--lora-rank", "--lora-alpha",
+    "--target-modules",
+]
+
+
+@pytest.mark.parametrize("flag", LAUNCHER_FLAGS)
+def test_every_flag_the_public_launchers_use_is_implemented_or_refused(flag):
+    implemented = {option for action in implemented_actions(build_parser()) for option in action.option_strings}
+    assert flag in implemented or flag in load_refusals(), (
+        f"{flag}: an upstream launcher passes it, but miles' parser neither implements nor refuses it; add it to "
+        "miles/config/flags.py or to a [refused.\"group\"] row of miles/conformance/departures.toml")
+
+
+def test_the_distillation_flags_are_refused_with_the_commit_they_were_seen_at():
+    refusals = load_refusals()
+    assert {refusals[flag].group for flag in ("--use-opd", "--opd-type", "--opd-kl-coef")} == {"on-policy distillation"}
+    assert refusals["--use-opd"].nargs == 0 and refusals["--opd-type"].nargs is None  # upstream's arity
+    assert refusals["--use-opd"].newer_upstream == "31f1ca96"
