@@ -759,15 +759,15 @@ class TestUpstreamStyleLaunchers:
 def test_examples_pass_miles_check_as_a_subprocess():
     assert [path.name for path in EXAMPLES] == [
         "async_grpo.sh", "async_ppo_keep_old_actor.sh", "async_ppo_megatron.sh", "async_ppo_rollout_logprobs.sh",
-        "async_ppo_tis.sh", "custom_generate.sh", "sync_ppo.sh",
+        "async_ppo_tis.sh", "custom_generate.sh", "sync_ppo.sh", "upstream_shaped_launch.sh",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "miles.check", *map(str, EXAMPLES)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(": OK; contract: ") == 7
-    assert result.stdout.splitlines()[-1] == "miles-check: 7 result(s) in 7 file(s): 7 OK"
+    assert result.stdout.count(": OK; contract: ") == 8
+    assert result.stdout.splitlines()[-1] == "miles-check: 8 result(s) in 8 file(s): 8 OK"
 
 
 def test_checking_imports_no_heavy_library():

@@ -29,6 +29,16 @@ LAUNCHER_FLAGS = [
     "--custom-reward-post-process-path", "--train-env-vars", "--train-memory-margin-bytes", "--log-probs-chunk-size",
     "--qkv-format", "--calculate-per-token-loss", "--use-rollout-routing-replay", "--lora-rank", "--lora-alpha",
     "--target-modules",
+    # the flags issue 30 counted in upstream's public launchers at 31f1ca96, with scripts/models/*.sh's architecture
+    "--rollout-num-gpus", "--num-gpus-per-node", "--eval-config", "--over-sampling-batch-size",
+    "--dynamic-sampling-filter-path", "--custom-generate-function-path", "--megatron-to-hf-mode",
+    "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer",
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
+    "--num-query-groups", "--kv-channels", "--vocab-size", "--normalization", "--norm-epsilon", "--swiglu",
+    "--rotary-base", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--add-qkv-bias",
+    "--qk-layernorm", "--position-embedding-type", "--rotary-percent", "--use-rotary-position-embeddings",
+    # newer upstream launchers (checkpoint and DSA-indexer flags)
+    "--warm-hf-checkpoint-page-cache", "--use-rollout-indexer-replay", "--use-indexer-replay",
 ]
 
 
