@@ -12,6 +12,8 @@ Qwen3 (tests/tiny_qwen3.py: q/k norms, no qkv bias, head_dim 16 != hidden / head
 transformers' own Qwen2ForCausalLM / Qwen3ForCausalLM, the independent reference.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -134,8 +136,21 @@ def _assert_same_step(trainers: dict, before: dict[str, torch.Tensor]) -> None:
     assert gap <= 1e-5 * norm(updated["torch"].values())
 
 
-def test_one_actor_step_matches_the_torch_backend(embedded):
-    """Same seeds, same samples, same denominator: metrics and updated weights agree within 1e-5 relative."""
+# Qwen3 fails, found by this test: the megatron backend's gradient on the embedding row of pad_token_id (0 in the
+# tiny Qwen3) has norm ~680 before clipping, where transformers' nn.Embedding(padding_idx=pad_token_id) gives that
+# row exactly 0 and the other parameters' gradients agree (after clipping they differ by the clip factor only).
+# Strict: the test reports it when the backend is fixed. See docs/megatron.md "Measured".
+_QWEN3_PAD_ROW = pytest.mark.xfail(strict=True, reason="megatron backend trains the pad_token_id embedding row, "
+                                   "transformers' padding_idx does not (grad norm 680 against 2.1)")
+
+
+@pytest.mark.parametrize("family", ["qwen2", pytest.param("qwen3", marks=_QWEN3_PAD_ROW)])
+def test_one_actor_step_matches_the_torch_backend(embedded, qwen3_checkpoint, family):
+    """Same seeds, same samples, same denominator: metrics and updated weights agree within 1e-5 relative. On the
+    tiny Qwen3 too (the embedded default's prompts and tokenizer, the Qwen3 weights): the torch backend runs
+    transformers' Qwen3ForCausalLM, so the megatron backend's q/k norms and head_dim meet an independent step."""
+    if family == "qwen3":
+        embedded = dataclasses.replace(embedded, checkpoint_dir=qwen3_checkpoint)
     trainers = {b: policy_trainer(embedded, "--train-backend", b, "--lr", "1e-3") for b in ("torch", "megatron")}
     payload = trainers["torch"].export_weights(rollouts_trained=0)
     rollout = make_rollout(embedded, engine_with(embedded, payload), 0)

@@ -1,5 +1,7 @@
 """The step loop on two data-parallel ranks (two spawned processes, gloo) takes the single-process step: same
-parameters after two optimizer steps, same metrics, same gradient norm."""
+parameters after two optimizer steps, same metrics, same gradient norm; with --balance-data too, because the step's
+divisor (its loss-mask token total with --calculate-per-token-loss, else its sample count) is taken over the whole
+step before it is shared, so the all-reduced gradient is the same sum over the same samples in another order."""
 
 import multiprocessing
 import socket
@@ -8,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from miles.backends.training_utils.micro_batches import balanced_order
 from miles.backends.training_utils.train_process import run_optimizer_steps
 from miles.ranks.data_parallel import DataParallelRank, SingleRank
 
@@ -20,9 +23,11 @@ NUM_SAMPLES, GLOBAL_BATCH = 8, 4
 # update m / (sqrt(v) + eps) a few times that. REL = 1e-9 allows kappa up to about 1e5 over the two steps; a rank
 # that took the wrong share or skipped the all-reduce moves the parameters by about lr = 0.1.
 DTYPE, REL = torch.float64, 1e-9
+# tokens per sample, longest first within each step, so --balance-data moves samples between the ranks' shares
+LENGTHS = [41, 37, 33, 26, 22, 18, 11, 7]
 
 
-def _train(data_parallel) -> tuple[dict, list[torch.Tensor]]:
+def _train(data_parallel, balance_data: bool = False) -> tuple[dict, list[torch.Tensor]]:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1, dtype=DTYPE)
     inputs, targets = torch.randn(NUM_SAMPLES, 3, dtype=DTYPE), torch.randn(NUM_SAMPLES, dtype=DTYPE)
@@ -36,15 +41,15 @@ def _train(data_parallel) -> tuple[dict, list[torch.Tensor]]:
 
     clip = lambda max_norm: float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))  # noqa: E731
     metrics = run_optimizer_steps(clip, optimizer, loss_masks, GLOBAL_BATCH, 1, True, 0.5, micro_batch_loss,
-                                  data_parallel)
+                                  data_parallel=data_parallel, lengths=LENGTHS, balance_data=balance_data)
     return metrics, [p.detach().clone() for p in model.parameters()]
 
 
-def _rank(rank: int, port: int, results) -> None:
+def _rank(rank: int, port: int, results, balance_data: bool) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         data_parallel = DataParallelRank(rank, 2, dist.group.WORLD)
-        metrics, params = _train(data_parallel)
+        metrics, params = _train(data_parallel, balance_data)
         merged = data_parallel.merged({rank: rank * 10})
         results.put((rank, metrics, [param.tolist() for param in params], merged))  # plain data: the process exits
         # Both ranks are done before either tears gloo down: a rank that destroys its group while the other still
@@ -54,14 +59,17 @@ def _rank(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def test_two_data_parallel_ranks_take_the_single_process_steps():
-    expected_metrics, expected_params = _train(SingleRank())
+@pytest.mark.parametrize("balance_data", [False, True], ids=["contiguous", "balance-data"])
+def test_two_data_parallel_ranks_take_the_single_process_steps(balance_data):
+    expected_metrics, expected_params = _train(SingleRank())  # the reference never balances
+    if balance_data:  # the shares do change: rank 0 takes samples 0 and 3 of the first step, not 0 and 1
+        assert balanced_order(range(GLOBAL_BATCH), LENGTHS, 2) == [0, 3, 1, 2]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     context = multiprocessing.get_context("spawn")  # a fresh process: the test process may hold a process group
     results = context.Queue()
-    processes = [context.Process(target=_rank, args=(rank, port, results)) for rank in range(2)]
+    processes = [context.Process(target=_rank, args=(rank, port, results, balance_data)) for rank in range(2)]
     for process in processes:
         process.start()
     outcomes = [results.get(timeout=60) for _ in processes]
