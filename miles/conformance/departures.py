@@ -1,6 +1,6 @@
 """The departures table (``departures.toml``): how miles' command line departs from upstream miles', each with its
-reason, rendered into ``--help`` and docs/training.md. Standard library only: ``miles/config/flags.py`` reads it
-for every ``--help``, and upstream's venv never imports it."""
+reason, rendered into ``--help`` and (by ``miles.conformance.render``) the docs. Standard library only:
+``miles/config/flags.py`` reads it for every ``--help``, and upstream's venv never imports it."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEPARTURES_FILE = Path(__file__).with_name("departures.toml")
-DOCS_BEGIN = "<!-- departures: rendered from miles/conformance/departures.toml by `python -m miles.conformance.departures` -->"
+DOCS_BEGIN = "<!-- departures: rendered from miles/conformance/departures.toml by `python -m miles.conformance.render` -->"
 DOCS_END = "<!-- end of departures -->"
 REFUSED_BEGIN = ("<!-- refused flags: rendered from miles/conformance/departures.toml by `python -m "
-                 "miles.conformance.departures` -->")
+                 "miles.conformance.render` -->")
 REFUSED_END = "<!-- end of refused flags -->"
+GROUPS_BEGIN = ("<!-- flag groups: rendered from miles/config/flags.py and miles/conformance/departures.toml by "
+                "`python -m miles.conformance.render` -->")
+GROUPS_END = "<!-- end of flag groups -->"
 
 
 @dataclass(frozen=True)
@@ -157,18 +160,3 @@ def render_into(text: str, begin: str = DOCS_BEGIN, end: str = DOCS_END, body=ma
     if not found or end not in rest:
         raise ValueError(f"the document has no '{begin}' ... '{end}' section")
     return f"{head}{begin}\n{body()}\n{end}{rest.split(end, 1)[1]}"
-
-
-def main() -> None:
-    """Rewrite docs/training.md's departures section and docs/conformance.md's refused flags from
-    departures.toml."""
-    docs = Path(__file__).resolve().parents[2] / "docs"
-    for name, begin, end, body in (("training.md", DOCS_BEGIN, DOCS_END, markdown),
-                                   ("conformance.md", REFUSED_BEGIN, REFUSED_END, refused_markdown)):
-        path = docs / name
-        path.write_text(render_into(path.read_text(encoding="utf-8"), begin, end, body), encoding="utf-8")
-        print(f"rendered {DEPARTURES_FILE.name} into {path}")
-
-
-if __name__ == "__main__":
-    main()

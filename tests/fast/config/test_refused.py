@@ -10,6 +10,8 @@ import pytest
 from miles.config.arguments import build_parser, parse_args
 from miles.config.refused import implemented_actions, refusal_line
 from miles.conformance.departures import (
+    GROUPS_BEGIN,
+    GROUPS_END,
     REFUSED_BEGIN,
     REFUSED_END,
     load_refusals,
@@ -17,6 +19,7 @@ from miles.conformance.departures import (
     refused_markdown,
     render_into,
 )
+from miles.conformance.render import groups_markdown
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -90,6 +93,18 @@ def test_parse_args_refuses_before_validating():
 def test_conformance_md_shows_the_refused_table_as_rendered_from_the_file():
     text = (REPO / "docs" / "conformance.md").read_text(encoding="utf-8")
     assert render_into(text, REFUSED_BEGIN, REFUSED_END, refused_markdown) == text, \
-        "run: python -m miles.conformance.departures"
+        "run: python -m miles.conformance.render"
     assert "| model parallelism (54) | `--allgather-cp`, `--hybrid-context-parallel`," in text
     assert "| sequence parallelism (1) | `--sequence-parallel` | none |" in text
+
+
+def test_conformance_md_shows_one_table_of_every_flag_group_as_rendered():
+    text = (REPO / "docs" / "conformance.md").read_text(encoding="utf-8")
+    assert render_into(text, GROUPS_BEGIN, GROUPS_END, groups_markdown) == text, \
+        "run: python -m miles.conformance.render"
+    table = groups_markdown().splitlines()[2:]
+    # hand-counted from miles/config/flags.py: the four recompute flags, upstream's all
+    assert "| activation recompute | implemented | 4 | 0 |" in text
+    assert sum(row.split(" | ")[1] == "refused" for row in table) == len(refused_groups())
+    refused_rows = {row.split(" | ")[0].lstrip("| "): int(row.split(" | ")[2]) for row in table if " | refused | " in row}
+    assert sum(refused_rows.values()) == len(load_refusals())  # every refused flag in exactly one row

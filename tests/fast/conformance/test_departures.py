@@ -38,7 +38,7 @@ def test_every_listed_flag_is_one_of_miles_flags():
 
 def test_training_md_shows_the_table_as_rendered_from_the_file():
     text = TRAINING_MD.read_text(encoding="utf-8")
-    assert render_into(text) == text, "run: python -m miles.conformance.departures"
+    assert render_into(text) == text, "run: python -m miles.conformance.render"
     assert "| `--lr` | default | 0.0003 | 1e-06 |" in markdown()
 
 
