@@ -5,6 +5,11 @@ explicit ``head_dim`` (16) that differs from ``hidden_size / num_attention_heads
 attention (4 heads, 2 KV groups) and untied embeddings. It uses the embedded default's tokenizer (15 tokens), so
 a rollout engine and a training run can load the folder like any HF checkpoint. Its norm weights are random around
 1 (transformers initializes them to ones), so a swapped or skipped q/k norm changes the logits.
+
+Its config names no ``pad_token_id``, as the released Qwen3 configs do not: transformers would otherwise build the
+embedding with ``padding_idx`` and never train that row, while Megatron (upstream's trainer) trains every row; the
+random model does sample the tokenizer's ``<pad>`` (id 0) as a response token, where the two would differ
+(docs/megatron.md, "Measured").
 """
 
 from pathlib import Path
@@ -16,7 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 def qwen3_config(**overrides) -> Qwen3Config:
     fields = dict(vocab_size=15, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False,
-                  rope_theta=500.0, num_labels=1, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                  rope_theta=500.0, num_labels=1, pad_token_id=None, bos_token_id=1, eos_token_id=2)
     return Qwen3Config(**{**fields, **overrides})
 
 
