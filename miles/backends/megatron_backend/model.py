@@ -26,7 +26,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from miles.backends.megatron_backend.cpu_shim import quiet_megatron_warnings
-from miles.backends.megatron_backend.parallel import clip_grad_norm, initialize_model_parallel
+from miles.backends.megatron_backend.parallel import clip_grad_norm, initialize_model_parallel, sum_partial_gradients
 from miles.backends.megatron_backend.qwen2 import Qwen2Layout, hf_to_megatron, megatron_to_hf
 from miles.backends.megatron_backend.tensor_parallel import (
     gather_last_dim,
@@ -224,4 +224,7 @@ class MegatronTrainModel(TrainModel):
         return gathered
 
     def clip_grad_norm(self, max_norm: float) -> float:
+        """The first reader of the step's gradients (after the data-parallel sum): the partial tensor-parallel
+        gradients are completed here, so the norm, the clip and the optimizer all see whole gradients."""
+        sum_partial_gradients(self.module.named_parameters())
         return clip_grad_norm(list(self.module.parameters()), max_norm)

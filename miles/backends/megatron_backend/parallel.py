@@ -1,4 +1,5 @@
-"""The process group and megatron's parallel state for a train process, and the gradient-norm clip.
+"""The process group and megatron's parallel state for a train process, the tensor-parallel gradient sum of
+replicated parameters that only see part of the activations, and the gradient-norm clip.
 
 A train process is one rank of its role: ``miles.ranks`` has joined it to the role's process group before the model
 is built (docs/ranks.md); a process outside a role (a test) gets a one-rank group with an in-process store, so no
@@ -37,6 +38,26 @@ def initialize_model_parallel(seed: int, tensor_model_parallel_size: int = 1) ->
                                                  distributed_timeout_minutes=COLLECTIVE_TIMEOUT_S / 60)
     model_parallel_cuda_manual_seed(seed)
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
+# Replicated on every tensor-parallel rank, but each rank applies them to its own heads only (Qwen3's per-head q/k
+# RMSNorm), so each rank's gradient is a partial sum. megatron's finalize_model_grads sums the same names.
+PARTIAL_GRADIENT_SUFFIXES = ("q_layernorm.weight", "k_layernorm.weight")
+
+
+def sum_partial_gradients(named_parameters) -> None:
+    """Add up, over the tensor-parallel group, the gradients that each rank holds only a part of.
+
+    For a replicated weight w applied on rank r to that rank's heads h(r): dL/dw = sum_r sum_{h in h(r)} dL_h/dw,
+    while rank r's backward computes only its inner sum. After the all-reduce every rank holds the whole gradient
+    (so the replicas stay equal after the step). A no-op at tensor-parallel size 1.
+    """
+    group = parallel_state.get_tensor_model_parallel_group()
+    if group.size() == 1:
+        return
+    for name, param in named_parameters:
+        if param.grad is not None and name.endswith(PARTIAL_GRADIENT_SUFFIXES):
+            dist.all_reduce(param.grad, group=group)
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
