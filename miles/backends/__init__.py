@@ -13,11 +13,12 @@ from miles.config.flags import TRAIN_BACKENDS  # noqa: F401  (the names --train-
 
 
 def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1,
-                     dropout: dict | None = None, recompute=None):
+                     dropout: dict | None = None, recompute=None, sequence_parallel: bool = False):
     """The ``TrainModel`` of ``role`` ("actor" or "critic") on ``backend``, loaded from a Hugging Face folder.
 
     ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends;
-    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards. ``dropout``: --attention-dropout /
+    ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards, split along the sequence as well with
+    ``sequence_parallel`` (at size 1 there is nothing to split: the same model on either backend). ``dropout``: --attention-dropout /
     --hidden-dropout as ``load_role_model``'s keywords; ``recompute``: a ``training_utils.recompute.Recompute``
     (none by default).
     """
@@ -34,6 +35,8 @@ def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_
         return HFTrainModel.load(role, hf_folder, recompute, **dropout)
     if backend == "megatron":
         from miles.backends.megatron_backend.model import MegatronTrainModel
+        from miles.backends.megatron_backend.parallel import Parallelism
 
-        return MegatronTrainModel.load(role, hf_folder, seed, tensor_parallel_size, dropout, recompute)
+        parallel = Parallelism(tensor_parallel_size, sequence_parallel)
+        return MegatronTrainModel.load(role, hf_folder, seed, parallel, dropout, recompute)
     raise ValueError(f"unknown train backend {backend!r}; valid: {', '.join(TRAIN_BACKENDS)}")

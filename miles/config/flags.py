@@ -387,6 +387,14 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
         help="Ranks that split each layer of a role's model (--train-backend megatron only). (default: %(default)s)",
     )
     group.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="With --tensor-model-parallel-size > 1, also split the activations outside attention and the MLP (norms, "
+        "dropout) along the sequence over the tensor-parallel ranks (Megatron's sequence parallelism): less activation "
+        "memory, the same loss and gradients. At size 1 there is nothing to split, and it changes nothing. "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
         "--pipeline-model-parallel-size", type=int, default=1, help="Not implemented: only 1 is accepted. (default: %(default)s)"
     )
 

@@ -61,8 +61,8 @@ def _single_process_metrics(make_args, tmp_path, backend: str) -> list[dict]:
     ("backend", "ranks"),
     [("torch", DP2),
      pytest.param("megatron", DP2, marks=pytest.mark.megatron),
-     pytest.param("megatron", TP2, marks=pytest.mark.megatron)],
-    ids=["torch-dp2", "megatron-dp2", "megatron-tp2"],
+     pytest.param("megatron", [*TP2, "--sequence-parallel"], marks=pytest.mark.megatron)],
+    ids=["torch-dp2", "megatron-dp2", "megatron-tp2-sp"],  # plain TP2: tests/fast/megatron, the tests below
 )
 def test_ranks_log_the_single_process_metrics(make_args, tmp_path, backend, ranks):
     single = _single_process_metrics(make_args, tmp_path, backend)

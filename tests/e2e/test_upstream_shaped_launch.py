@@ -41,10 +41,10 @@ def test_the_upstream_shaped_launch_trains_with_every_implemented_flag(backend, 
 
 
 def test_the_same_launch_with_refused_flags_stops_in_one_line_naming_them_all(embedded_cache, tmp_path):
-    refused = ["--sequence-parallel", "--context-parallel-size", "2", "--bf16"]
+    refused = ["--use-opd", "--context-parallel-size", "2", "--bf16"]
     result = launch("megatron", *CUT, *refused, "--log-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "upstream flags miles refuses" in errors[0], result.stderr
-    assert all(flag in errors[0] for flag in ("--sequence-parallel", "--context-parallel-size 2", "--bf16"))
+    assert all(flag in errors[0] for flag in ("--use-opd", "--context-parallel-size 2", "--bf16"))
     assert "unrecognized arguments" not in result.stderr and not (tmp_path / "run").exists()

@@ -1,10 +1,17 @@
 """Run megatron-core on a machine without CUDA: a few overrides, applied only when CUDA is unavailable.
 
 megatron-core 0.16.1 runs its GPTModel on CPU (gloo, ``use_cpu_initialization=True``, the local layer spec) except
-for two functions on the model's path that hard-code a CUDA device, and its RNG tracker, which keeps CUDA generator
-states. Each override below replaces exactly one of them with the same computation minus the CUDA device, for the
-reason written beside it. Nothing else is patched; in particular ``torch.cuda`` is left alone, so code that really
-needs CUDA still fails loudly.
+for two functions on the model's path that hard-code a CUDA device, the buffers of the sequence-parallel collectives,
+and its RNG tracker, which keeps CUDA generator states. Each override below replaces exactly one of them with the
+same computation minus the CUDA device, for the reason written beside it. Nothing else is patched; in particular
+``torch.cuda`` itself is left alone, so code that really needs CUDA still fails loudly.
+
+Sequence parallelism allocates the outputs of its all-gather and reduce-scatter along the sequence
+(``tensor_parallel.mappings``: ``_gather_along_first_dim``, ``_reduce_scatter_along_first_dim``) and the input
+gradient's reduce-scatter (``tensor_parallel.layers``: ``LinearWithGradAccumulationAndAsyncCommunication.backward``,
+a 100-line function) with ``device=torch.cuda.current_device()``. gloo runs both collectives on CPU tensors, so the
+only change needed is that device: those two modules see ``torch`` through ``_TorchWithCpuDevice``, the same module
+except that ``torch.cuda.current_device()`` is the CPU. No other module's view of torch changes.
 
 The RNG tracker (``megatron.core.tensor_parallel.random``) gives the dropout inside tensor-parallel regions (the
 attention probabilities') a seed per tensor-parallel rank, and recompute (``CheckpointFunction``) saves and restores
@@ -18,7 +25,7 @@ fails when an upgrade of megatron-core changes either function, so a version bum
 the shim (re-read the new function, adapt the override, update ``PINNED_SOURCE_SHA256``).
 
 What the shim does not cover, because the CPU path does not use it: megatron's DistributedDataParallel, its
-optimizer and gradient clipping, the distributed optimizer and sequence parallelism (docs/megatron.md).
+optimizer and gradient clipping, and the distributed optimizer (docs/megatron.md).
 """
 
 from __future__ import annotations
@@ -48,11 +55,14 @@ def quiet_megatron_warnings() -> Iterator[None]:
 with quiet_megatron_warnings():
     from megatron.core import utils as megatron_utils
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.tensor_parallel import layers as megatron_layers
+    from megatron.core.tensor_parallel import mappings as megatron_mappings
     from megatron.core.tensor_parallel import random as megatron_random
 
 # sha256 of inspect.getsource() of each replaced function, in megatron-core 0.16.1, and of the functions the
 # tracker override relies on: recompute's save and restore of every RNG state (the CPU one included) and the
-# seeding, which reaches the CPU tracker through its ``reset`` and ``add``.
+# seeding, which reaches the CPU tracker through its ``reset`` and ``add``; and of the sequence-parallel functions
+# that read ``torch.cuda.current_device()`` through ``_TorchWithCpuDevice``.
 PINNED_SOURCE_SHA256 = {
     "RotaryEmbedding.get_emb": "d36bc7732392e41930edc9311ccce70bafe0013ce9c1946cebcf8e916eb2c083",
     "GlobalMemoryBuffer.get_tensor": "2b843a83eb762098e280232a8a6ad2a826f66ffbddd35a3ea5447b9035310b1d",
@@ -63,6 +73,9 @@ PINNED_SOURCE_SHA256 = {
     "_get_all_rng_states": "0fd22c8e723e13ee1cb1288e49de4ecc5a2e3e102cd5099aa9b6cb9e653143bd",
     "_set_all_rng_states": "ecfe91a8fe3d8a006dbaf16227191f4135e4e1cf54aa55096f83b39c77e29bb5",
     "model_parallel_cuda_manual_seed": "7423a4a62741adea516a50b3dc5f3305d0129448a42363d55cd56227c12f3da8",
+    "_gather_along_first_dim": "44633fe36d60a51f5e5b3d4c6e65037ef8cb66ae1edd80046f209f3339b12e46",
+    "_reduce_scatter_along_first_dim": "7322068fab71d319dd9d5f3a55a84f790e935cc9fc0130f8f8fb5bee443a78fa",
+    "LinearWithGradAccumulationAndAsyncCommunication.backward": "b50b2ea4a1c9027040516475a8b40a0bd86ddf9e17fcb5c2c56feb3156c3ae3e",
 }
 
 # The functions the overrides replace, kept so that the pin can be checked after the shim is applied.
@@ -76,6 +89,10 @@ ORIGINALS = {
     "_get_all_rng_states": megatron_random._get_all_rng_states,
     "_set_all_rng_states": megatron_random._set_all_rng_states,
     "model_parallel_cuda_manual_seed": megatron_random.model_parallel_cuda_manual_seed,
+    "_gather_along_first_dim": megatron_mappings._gather_along_first_dim,
+    "_reduce_scatter_along_first_dim": megatron_mappings._reduce_scatter_along_first_dim,
+    "LinearWithGradAccumulationAndAsyncCommunication.backward":
+        megatron_layers.LinearWithGradAccumulationAndAsyncCommunication.backward,
 }
 
 
@@ -143,6 +160,27 @@ class CpuRNGStatesTracker(megatron_random.CudaRNGStatesTracker):
             self._current_state_name = outer_name
 
 
+class _CudaWithCpuDevice:
+    """``torch.cuda`` whose ``current_device()`` is the CPU; every other attribute is ``torch.cuda``'s own."""
+
+    @staticmethod
+    def current_device() -> torch.device:
+        return torch.device("cpu")
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+
+class _TorchWithCpuDevice:
+    """``torch`` as the sequence-parallel modules see it: the module itself, but ``cuda`` is ``_CudaWithCpuDevice``
+    (see the module docstring)."""
+
+    cuda = _CudaWithCpuDevice()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
 def _no_device_rng_state(*args, **kwargs) -> None:
     """``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` without CUDA: there is no device generator to save or
     restore (their callers, recompute's ``_get_all_rng_states`` / ``_set_all_rng_states``, save and restore the CPU
@@ -166,5 +204,6 @@ def apply_cpu_shim() -> bool:
     megatron_utils.GlobalMemoryBuffer.get_tensor = _memory_buffer_get_tensor_on_cpu
     megatron_random._get_cuda_rng_state = _no_device_rng_state
     megatron_random._set_cuda_rng_state = _no_device_rng_state
+    megatron_mappings.torch = megatron_layers.torch = _TorchWithCpuDevice()
     install_cpu_rng_tracker()
     return True

@@ -2,7 +2,7 @@
 saved in the Hugging Face layout.
 
 - The actor is GPTModel with the local layer spec (RMSNorm, GQA, SwiGLU, RoPE; qkv bias for Qwen2, q/k RMSNorm for
-  Qwen3), its weights converted from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch
+  Qwen3; ``layer_spec.py``), its weights converted from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch
   backend's weights.
 - The critic is the same GPTModel whose output layer is a scalar head with bias, Megatron's stand-in for HF's
   token-classification ``score`` layer. It is converted from the HF critic that ``miles.models.hf`` builds, so a
@@ -12,7 +12,9 @@ saved in the Hugging Face layout.
 - With tensor parallelism (``tensor_parallel.py``) each rank holds its shards of the converted whole state; the
   vocabulary is padded to a multiple of the tensor-parallel size, the vocabulary-parallel logits are gathered
   (``tensor_parallel.gather_last_dim``) and the padded columns dropped before the shared log-softmax; the Hugging Face
-  layout (push, fingerprint, snapshots' check, checkpoints) is always the gathered whole.
+  layout (push, fingerprint, snapshots' check, checkpoints) is always the gathered whole. Under sequence parallelism
+  the batch is right-padded to a multiple of the tensor-parallel size (megatron splits the sequence evenly); the
+  extra positions come after every real token, so causal attention keeps them out, and they are cut off the output.
 - Outputs come back on the CPU (where the shared loss code keeps the batch); on a GPU that transfer is the one
   place a later optimization would change (docs/megatron.md).
 """
@@ -26,7 +28,13 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from miles.backends.megatron_backend.cpu_shim import quiet_megatron_warnings
-from miles.backends.megatron_backend.parallel import clip_grad_norm, initialize_model_parallel, sum_partial_gradients
+from miles.backends.megatron_backend.layer_spec import gpt_block_spec
+from miles.backends.megatron_backend.parallel import (
+    Parallelism,
+    clip_grad_norm,
+    initialize_model_parallel,
+    sum_partial_gradients,
+)
 from miles.backends.megatron_backend.qwen2 import Qwen2Layout, hf_to_megatron, megatron_to_hf
 from miles.backends.megatron_backend.tensor_parallel import (
     gather_last_dim,
@@ -44,11 +52,11 @@ from miles.utils.types import Sample
 with quiet_megatron_warnings():
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
     from megatron.core.transformer import TransformerConfig
 
 
-def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_size: int = 1,
+def transformer_config(hf_config, use_cpu_initialization: bool, parallel: Parallelism = Parallelism(),
                        dropout: dict | None = None, recompute: Recompute = Recompute()) -> TransformerConfig:
     """Megatron's config for a Hugging Face Qwen2/Qwen3 config; fusions off (they need CUDA kernels), fp32. ``dropout``:
     --attention-dropout / --hidden-dropout (0 when absent), Megatron's own fields: the attention probabilities'
@@ -57,7 +65,8 @@ def transformer_config(hf_config, use_cpu_initialization: bool, tensor_parallel_
     dropout = dropout or {}
     layout = Qwen2Layout.from_hf_config(hf_config, "actor")
     return TransformerConfig(
-        tensor_model_parallel_size=tensor_parallel_size,
+        tensor_model_parallel_size=parallel.tensor_parallel_size,
+        sequence_parallel=parallel.splits_sequence,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
         ffn_hidden_size=hf_config.intermediate_size,
@@ -91,35 +100,39 @@ def rope_theta(hf_config) -> float:
 
 
 class ScalarHead(torch.nn.Module):
-    """The critic's output layer, V = w · h + b, called the way GPTModel calls its output layer."""
+    """The critic's output layer, V = w · h + b, called the way GPTModel calls its output layer. It is replicated on
+    every tensor-parallel rank, so under sequence parallelism it first gathers the whole sequence (whose gradient
+    each rank then takes its own slice of: the head's computation is the same on every rank)."""
 
-    def __init__(self, hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size))
         self.bias = torch.nn.Parameter(torch.zeros(1))
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:  # (S / TP, B, H) -> (S, B, H)
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None  # (S, B, 1)
 
 
-def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool, tensor_parallel_size: int = 1,
+def build_gpt_model(hf_config, role: str, use_cpu_initialization: bool, parallel: Parallelism = Parallelism(),
                     dropout: dict | None = None, recompute: Recompute = Recompute()) -> GPTModel:
     """GPTModel shaped like ``hf_config`` (one tensor-parallel rank's part of it); the critic's has the scalar head
     and untied embeddings."""
-    config = transformer_config(hf_config, use_cpu_initialization, tensor_parallel_size, dropout, recompute)
+    config = transformer_config(hf_config, use_cpu_initialization, parallel, dropout, recompute)
     with quiet_megatron_warnings():
-        model = _gpt_model(hf_config, role, config, tensor_parallel_size)
+        model = _gpt_model(hf_config, role, config, parallel.tensor_parallel_size)
     if role == "critic":
-        model.output_layer = ScalarHead(hf_config.hidden_size)
+        model.output_layer = ScalarHead(hf_config.hidden_size, parallel.splits_sequence)
     return model
 
 
 def _gpt_model(hf_config, role: str, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            normalization="RMSNorm", qk_layernorm=Qwen2Layout.from_hf_config(hf_config, role).qk_layernorm
-        ),
+        transformer_layer_spec=gpt_block_spec(hf_config.num_hidden_layers,
+                                              Qwen2Layout.from_hf_config(hf_config, role).qk_layernorm),
         vocab_size=padded_vocab_size(hf_config.vocab_size, tensor_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         position_embedding_type="rope",
@@ -142,8 +155,10 @@ def causal_mask(batch_size: int, length: int) -> torch.Tensor:
 
 
 class MegatronTrainModel(TrainModel):
-    def __init__(self, module: GPTModel, hf_config, role: str, device: torch.device) -> None:
+    def __init__(self, module: GPTModel, hf_config, role: str, device: torch.device,
+                 parallel: Parallelism = Parallelism()) -> None:
         super().__init__(module)
+        self.parallel = parallel
         self.hf_config = hf_config
         self.role = role
         self.layout = Qwen2Layout.from_hf_config(hf_config, role)
@@ -152,18 +167,17 @@ class MegatronTrainModel(TrainModel):
         self.tensor_parallel_group = parallel_state.get_tensor_model_parallel_group()
 
     @classmethod
-    def load(cls, role: str, hf_folder: str, seed: int, tensor_parallel_size: int = 1, dropout: dict | None = None,
-             recompute: Recompute = Recompute()) -> MegatronTrainModel:
+    def load(cls, role: str, hf_folder: str, seed: int, parallel: Parallelism = Parallelism(),
+             dropout: dict | None = None, recompute: Recompute = Recompute()) -> MegatronTrainModel:
         """Build GPTModel for ``role`` (this rank's part of it) and convert the weights of the HF model in
         ``hf_folder`` into it."""
-        device = initialize_model_parallel(seed, tensor_parallel_size)
+        device = initialize_model_parallel(seed, parallel.tensor_parallel_size)
         hf_model = load_role_model(role, hf_folder)  # the loader the torch backend uses: same weights, same init
-        module = build_gpt_model(hf_model.config, role, device.type == "cpu", tensor_parallel_size, dropout,
-                                 recompute)
-        model = cls(module, hf_model.config, role, device)
+        module = build_gpt_model(hf_model.config, role, device.type == "cpu", parallel, dropout, recompute)
+        model = cls(module, hf_model.config, role, device, parallel)
         whole = hf_to_megatron(hf_model.state_dict(), model.layout)
         load_converted(module, shard_state(whole, model.partition_dims, parallel_state.get_tensor_model_parallel_rank(),
-                                           tensor_parallel_size, hf_model.config.vocab_size))
+                                           parallel.tensor_parallel_size, hf_model.config.vocab_size))
         return model.to_device()
 
     def to_device(self) -> MegatronTrainModel:
@@ -174,14 +188,16 @@ class MegatronTrainModel(TrainModel):
         """GPTModel's output (B, T, padded V or 1) on the CPU, and the input ids (B, T); the actor's logits are
         gathered from every tensor-parallel rank (a no-op at size 1)."""
         input_ids, _ = pad_right(samples)
-        batch_size, length = input_ids.shape
-        position_ids = torch.arange(length).expand(batch_size, length)
-        output = self.module(
-            input_ids.to(self.device), position_ids.to(self.device), causal_mask(batch_size, length).to(self.device)
-        )
+        length = input_ids.shape[1]
+        if self.parallel.splits_sequence:  # megatron splits the sequence in equal slices, one per rank
+            input_ids = torch.nn.functional.pad(input_ids, (0, -length % self.parallel.tensor_parallel_size))
+        batch_size, padded_length = input_ids.shape
+        position_ids = torch.arange(padded_length).expand(batch_size, padded_length)
+        output = self.module(input_ids.to(self.device), position_ids.to(self.device),
+                             causal_mask(batch_size, padded_length).to(self.device))
         if self.role == "actor":
             output = gather_last_dim(output, self.tensor_parallel_group)  # (B, T, padded V / TP) -> (B, T, padded V)
-        return output.cpu(), input_ids
+        return output[:, :length].cpu(), input_ids[:, :length]
 
     def response_log_probs(self, samples, temperature, with_entropy=False):
         logits, input_ids = self._forward(samples)  # (B, T, padded V)

@@ -11,6 +11,7 @@ the parameters each rank owns and summed over the model-parallel group.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,21 @@ from miles.ranks.process_group import COLLECTIVE_TIMEOUT_S
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How a role's model is split over its tensor-parallel ranks: --tensor-model-parallel-size and
+    --sequence-parallel (the layers' activations outside attention and the MLP split along the sequence as well)."""
+
+    tensor_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def splits_sequence(self) -> bool:
+        """Sequence parallelism over one rank splits nothing: it is the model without it (megatron's config refuses
+        it there, and upstream's Megatron arguments turn it off at tensor-parallel size 1)."""
+        return self.sequence_parallel and self.tensor_parallel_size > 1
 
 
 def initialize_model_parallel(seed: int, tensor_model_parallel_size: int = 1) -> torch.device:
@@ -48,15 +64,18 @@ PARTIAL_GRADIENT_SUFFIXES = ("q_layernorm.weight", "k_layernorm.weight")
 def sum_partial_gradients(named_parameters) -> None:
     """Add up, over the tensor-parallel group, the gradients that each rank holds only a part of.
 
-    For a replicated weight w applied on rank r to that rank's heads h(r): dL/dw = sum_r sum_{h in h(r)} dL_h/dw,
-    while rank r's backward computes only its inner sum. After the all-reduce every rank holds the whole gradient
-    (so the replicas stay equal after the step). A no-op at tensor-parallel size 1.
+    For a replicated weight w applied on rank r to its part p(r) of the work: dL/dw = sum_r sum_{i in p(r)} dL_i/dw,
+    while rank r's backward computes only its inner sum. The parts are a rank's heads (Qwen3's q/k norms) or, under
+    sequence parallelism, its slice of the sequence (every norm outside attention, marked ``sequence_parallel``, as
+    megatron marks them). After the all-reduce every rank holds the whole gradient, once, so the replicas stay
+    equal after the step. A no-op at tensor-parallel size 1.
     """
     group = parallel_state.get_tensor_model_parallel_group()
     if group.size() == 1:
         return
     for name, param in named_parameters:
-        if param.grad is not None and name.endswith(PARTIAL_GRADIENT_SUFFIXES):
+        partial = name.endswith(PARTIAL_GRADIENT_SUFFIXES) or getattr(param, "sequence_parallel", False)
+        if param.grad is not None and partial:
             dist.all_reduce(param.grad, group=group)
 
 

@@ -240,7 +240,7 @@ def _load_role_model(args, role: str, hf_folder: str, seed: int, num_threads: in
     torch.set_num_threads(num_threads)
     dropout = {"attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout}
     return load_train_model(args.train_backend, role, hf_folder, seed, args.tensor_model_parallel_size, dropout,
-                            Recompute.from_args(args))
+                            Recompute.from_args(args), args.sequence_parallel)
 
 
 def _load_dir(root: str | None, role: str, fallback: str) -> str:
@@ -288,7 +288,7 @@ class PolicyTrainer(_TrainProcess):
         if not (args.use_kl_loss or args.kl_coef != 0):
             return None
         ref = load_train_model(args.train_backend, "actor", args.ref_load or args.hf_checkpoint, args.seed,
-                               args.tensor_model_parallel_size)
+                               args.tensor_model_parallel_size, sequence_parallel=args.sequence_parallel)
         ref.module.eval().requires_grad_(False)
         return ref
 

@@ -411,13 +411,13 @@ class TestCheckLaunch:
         assert verdict.ignored == ["--my-parallel-size 2", "--my-switch", "--my-std -0.02"]
 
     def test_refused_upstream_flags_are_the_drivers_error_counted_only_under_strict(self):
-        words = ["--context-parallel-size", "2", "--sequence-parallel", "--use-tis", "--init-method-std", "-0.02",
+        words = ["--context-parallel-size", "2", "--use-opd", "--use-tis", "--init-method-std", "-0.02",
                  "--context-parallel-size", "1", "--advantage-estimator", "ppo"]
         verdict = check_launch(words)
         assert verdict.status == "OK" and not verdict.refusals_counted and verdict.ignored == []
         (message, fix), = verdict.errors
         assert message == f"train_async.py: error: {refusal_line(build_parser().parse_args(words))}"
-        assert "--context-parallel-size 2:" in message and "; --sequence-parallel:" in message and "--init-method-std -0.02:" in message
+        assert "--context-parallel-size 2:" in message and "; --use-opd:" in message and "--init-method-std -0.02:" in message
         assert fix.startswith("fix: drop the refused flags")
         assert check_launch(words, strict=True).status == "REJECTED"
 
@@ -636,14 +636,15 @@ class TestMainScripts:
         assert status == 1
         assert "megatron_async_ppo_uncorrected.sh:65: train_async.py: REJECTED" in out
         assert CONTRACT_FIRST_LINE in out and CONTRACT_FIX in out
-        assert "--sequence-parallel" in out and "--sglang-mem-fraction-static 0.7" in out
+        assert "--sglang-mem-fraction-static 0.7" in out
+        assert "--sequence-parallel" not in out  # implemented: neither refused nor ignored
         assert out.rstrip().endswith("1 REJECTED")
 
     def test_the_same_launcher_with_a_correction_passes(self, capsys):
         status, out, _ = _run(capsys, [FIXTURES / "megatron_async_ppo_keep_old_actor.sh"])
         assert status == 0
         assert "train_async.py: OK; contract: OK (--keep-old-actor)" in out
-        assert "--sequence-parallel" in out
+        assert "--sequence-parallel" not in out  # implemented: neither refused nor ignored
         # a range error is a note beside the contract's verdict (a tensor-parallel engine: --rollout-num-gpus-per-engine 2)
         assert "error: --rollout-num-gpus-per-engine is 2, but it must be >= 1 and <= 1" in out
 

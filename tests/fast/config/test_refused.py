@@ -43,12 +43,12 @@ def test_no_refused_flag_is_one_miles_implements():
 
 
 def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
-    namespace = _parse(["--sequence-parallel", "--lr", "1e-4", "--bf16", "--context-parallel-size", "2",
+    namespace = _parse(["--use-opd", "--lr", "1e-4", "--bf16", "--context-parallel-size", "2",
                         "--recompute-activations", "--lora-rank", "8"])
     line = refusal_line(namespace)
     assert "\n" not in line and not hasattr(namespace, "refused_flags") and namespace.lr == 1e-4
     # each group's flags together, then its reason and what it accepts, the groups in the launch's order
-    assert "--sequence-parallel: not implemented in miles yet: gloo has the collectives" in line
+    assert "--use-opd: refused by decision: on-policy distillation needs a second" in line
     assert "; --context-parallel-size 2: miles' megatron backend has tensor parallelism" in line
     assert "(accepted: --context-parallel-size 1)" in line
     for shown in ("--bf16", "--recompute-activations", "--lora-rank 8"):
@@ -74,13 +74,13 @@ def test_a_refused_flag_takes_the_words_upstreams_takes():
 
 
 def test_the_driver_stops_with_exit_2_before_ray_in_one_error_line():
-    result = subprocess.run([sys.executable, "train_async.py", "--sequence-parallel", "--num-experts", "8",
+    result = subprocess.run([sys.executable, "train_async.py", "--use-opd", "--num-experts", "8",
                              "--use-tis", "--advantage-estimator", "ppo"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "unrecognized arguments" not in result.stderr
-    assert "--sequence-parallel:" in errors[0] and "--num-experts 8:" in errors[0]
+    assert "--use-opd:" in errors[0] and "--num-experts 8:" in errors[0]
     assert "Ray" not in result.stderr  # Ray's start-up lines never appear: the parser stopped first
 
 
@@ -95,7 +95,7 @@ def test_conformance_md_shows_the_refused_table_as_rendered_from_the_file():
     assert render_into(text, REFUSED_BEGIN, REFUSED_END, refused_markdown) == text, \
         "run: python -m miles.conformance.render"
     assert "| model parallelism (54) | `--allgather-cp`, `--hybrid-context-parallel`," in text
-    assert "| sequence parallelism (1) | `--sequence-parallel` | none |" in text
+    assert "| routing replay (3) | `--use-routing-replay`, `--use-rollout-routing-replay`," in text
 
 
 def test_conformance_md_shows_one_table_of_every_flag_group_as_rendered():

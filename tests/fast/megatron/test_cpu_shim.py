@@ -61,15 +61,31 @@ def test_the_shim_is_installed_without_cuda_and_left_out_with_it(monkeypatch):
         monkeypatch.setattr(megatron_random, name, cpu_shim.ORIGINALS[name])
     monkeypatch.setattr(megatron_random, "_CUDA_RNG_STATE_TRACKER", None)
     monkeypatch.setattr(megatron_random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", False)
+    for module in (cpu_shim.megatron_mappings, cpu_shim.megatron_layers):
+        monkeypatch.setattr(module, "torch", torch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cpu_shim.apply_cpu_shim() is False
     assert RotaryEmbedding.get_emb is cpu_shim.ORIGINALS["RotaryEmbedding.get_emb"]
+    assert cpu_shim.megatron_mappings.torch is cpu_shim.megatron_layers.torch is torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cpu_shim.apply_cpu_shim() is True
     assert RotaryEmbedding.get_emb is cpu_shim._rotary_get_emb_on_cpu
     assert megatron_utils.GlobalMemoryBuffer.get_tensor is cpu_shim._memory_buffer_get_tensor_on_cpu
     assert megatron_random._get_cuda_rng_state is megatron_random._set_cuda_rng_state is cpu_shim._no_device_rng_state
     assert type(megatron_random.get_cuda_rng_tracker()) is cpu_shim.CpuRNGStatesTracker
+    for module in (cpu_shim.megatron_mappings, cpu_shim.megatron_layers):
+        assert isinstance(module.torch, cpu_shim._TorchWithCpuDevice)
+
+
+def test_the_sequence_parallel_modules_see_torch_with_the_cpu_as_the_current_device():
+    """Only ``torch.cuda.current_device()`` differs; everything else is torch's own object (not a copy)."""
+    view = cpu_shim._TorchWithCpuDevice()
+    assert view.cuda.current_device() == torch.device("cpu")
+    assert view.empty is torch.empty and view.Tensor is torch.Tensor and view.distributed is torch.distributed
+    assert view.cuda.is_available is torch.cuda.is_available and view.cuda.Stream is torch.cuda.Stream
+    assert view.empty(3, device=view.cuda.current_device()).device == torch.device("cpu")
+    with pytest.raises((AssertionError, RuntimeError)):  # torch.cuda itself still fails where CUDA is needed
+        torch.cuda.current_device()
 
 
 @pytest.fixture

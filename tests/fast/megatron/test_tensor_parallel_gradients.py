@@ -1,15 +1,18 @@
-"""The megatron backend's gradients at --tensor-model-parallel-size 2 (two spawned gloo processes) against the torch
-backend's (transformers' own model, one process) on the same weights and loss: every tensor, gathered to the HF
-layout, and the clip's global norm.
+"""The megatron backend's gradients at --tensor-model-parallel-size 2 (two spawned gloo processes), without and with
+--sequence-parallel, against the torch backend's (transformers' own model, one process) on the same weights and
+loss: every tensor, gathered to the HF layout, and the clip's global norm.
 
-Qwen3 is the case that needs it: its q/k RMSNorm weights are replicated, but each rank normalizes only its own heads,
-so each rank's gradient of them is a partial sum that the ranks must add up (megatron's finalize_model_grads does
-the same). Qwen2, with no q/k norms, checks that nothing else is summed twice.
+The replicated weights that each rank applies to only part of the work are the case that needs it: Qwen3's q/k
+RMSNorm weights (each rank normalizes its own heads) and, under sequence parallelism, every norm outside attention
+(each rank normalizes its slice of the sequence). Each rank's gradient of them is a partial sum that the ranks must
+add up (megatron's finalize_model_grads does the same); a weight summed twice would be off by its own size. The
+samples' lengths are odd, so sequence parallelism pads the batch to a multiple of 2.
 
 Tolerance: as tests/fast/megatron/test_megatron_model.py (float32 over 2 layers, 1e-5 of the gradient's norm); the
 all-reduces add one more float32 sum of 2 terms. A q/k norm gradient left partial is off by about half its size.
 """
 
+import itertools
 import multiprocessing
 import queue
 import socket
@@ -28,14 +31,20 @@ from miles.backends import load_train_model  # noqa: E402
 from tests.fast.megatron.test_megatron_model import SAMPLES  # noqa: E402
 
 TENSOR_PARALLEL = 2
+CASES = list(itertools.product(("qwen2", "qwen3"), ("actor", "critic"), (False, True)))
+SEEDS = {"actor": 0, "critic": 7}  # the seed initializes a new critic head, alike on both backends
 
 
-def _gradients(model) -> tuple[dict[str, torch.Tensor], float]:
-    """A loss with a different weight per response token (so every position matters), its backward, and the
-    clip's norm (max_norm inf: nothing is scaled); the gradients named and laid out as the HF model's parameters."""
-    out = model.response_log_probs(SAMPLES, 1.0)
-    log_probs = out[0] if isinstance(out, tuple) else out
-    loss = sum((row * torch.arange(1.0, len(row) + 1)).sum() for row in log_probs)
+def _gradients(model, role: str) -> tuple[dict[str, torch.Tensor], float]:
+    """A loss with a different weight per response token (so every position matters) on the actor's log-probs or
+    the critic's values, its backward, and the clip's norm (max_norm inf: nothing is scaled); the gradients named
+    and laid out as the HF model's parameters."""
+    if role == "actor":
+        out = model.response_log_probs(SAMPLES, 1.0)
+        rows = out[0] if isinstance(out, tuple) else out
+    else:
+        rows = model.response_values(SAMPLES)
+    loss = sum((row * torch.arange(1.0, len(row) + 1)).sum() for row in rows)
     loss.backward()
     norm = model.clip_grad_norm(float("inf"))
     grads = {name: param.grad for name, param in model.module.named_parameters()}
@@ -46,11 +55,12 @@ def _rank(rank: int, port: int, checkpoints: dict[str, str], folder: str, result
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TENSOR_PARALLEL)
     try:
         norms = {}
-        for family, checkpoint in checkpoints.items():
-            model = load_train_model("megatron", "actor", checkpoint, seed=0, tensor_parallel_size=TENSOR_PARALLEL)
-            grads, norms[family] = _gradients(model)
+        for family, role, sequence_parallel in CASES:
+            model = load_train_model("megatron", role, checkpoints[family], seed=SEEDS[role],
+                                     tensor_parallel_size=TENSOR_PARALLEL, sequence_parallel=sequence_parallel)
+            grads, norms[family, role, sequence_parallel] = _gradients(model, role)
             if rank == 0:  # a file, not the queue: tensors on a queue need the exiting process's shared memory
-                torch.save(grads, f"{folder}/{family}.pt")
+                torch.save(grads, f"{folder}/{family}-{role}-{sequence_parallel}.pt")
         results.put((rank, norms))
         dist.barrier()  # both ranks are done before either tears gloo down (see tests/fast/ranks)
     finally:
@@ -83,13 +93,14 @@ def tensor_parallel_run(embedded, qwen3_checkpoint, tmp_path_factory) -> tuple[d
     return checkpoints, folder, outcomes
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_tensor_parallel_gradients_are_the_single_process_ones(tensor_parallel_run, family):
+@pytest.mark.parametrize(("family", "role", "sequence_parallel"), CASES,
+                         ids=[f"{family}-{role}-{'tp+sp' if sp else 'tp'}" for family, role, sp in CASES])
+def test_tensor_parallel_gradients_are_the_single_process_ones(tensor_parallel_run, family, role, sequence_parallel):
     checkpoints, folder, norms = tensor_parallel_run
-    expected, expected_norm = _gradients(load_train_model("torch", "actor", checkpoints[family], seed=0))
-    actual = torch.load(f"{folder}/{family}.pt")
+    expected, expected_norm = _gradients(load_train_model("torch", role, checkpoints[family], seed=SEEDS[role]), role)
+    actual = torch.load(f"{folder}/{family}-{role}-{sequence_parallel}.pt")
     assert set(expected) <= set(actual)  # a tied model's HF state also lists lm_head.weight
     for name, grad in expected.items():
         assert float((actual[name] - grad).abs().max()) <= 1e-5 * expected_norm, name
     for rank in range(TENSOR_PARALLEL):  # every rank's clip sees the whole model's norm
-        assert abs(norms[rank][family] - expected_norm) <= 1e-5 * expected_norm
+        assert abs(norms[rank][family, role, sequence_parallel] - expected_norm) <= 1e-5 * expected_norm
