@@ -18,8 +18,8 @@ def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_
 
     ``seed`` seeds torch before loading, so a new critic head is initialized the same way on both backends;
     ``tensor_parallel_size`` > 1 (megatron only) loads this rank's shards, split along the sequence as well with
-    ``sequence_parallel`` (at size 1 there is nothing to split: the same model on either backend). ``dropout``: --attention-dropout /
-    --hidden-dropout as ``load_role_model``'s keywords; ``recompute``: a ``training_utils.recompute.Recompute``
+    ``sequence_parallel`` (at size 1 there is nothing to split: the same model on either backend). ``dropout``:
+    --attention-dropout / --hidden-dropout as ``load_role_model``'s keywords; ``recompute``: a ``training_utils.recompute.Recompute``
     (none by default).
     """
     import torch

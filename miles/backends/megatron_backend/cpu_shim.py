@@ -75,7 +75,8 @@ PINNED_SOURCE_SHA256 = {
     "model_parallel_cuda_manual_seed": "7423a4a62741adea516a50b3dc5f3305d0129448a42363d55cd56227c12f3da8",
     "_gather_along_first_dim": "44633fe36d60a51f5e5b3d4c6e65037ef8cb66ae1edd80046f209f3339b12e46",
     "_reduce_scatter_along_first_dim": "7322068fab71d319dd9d5f3a55a84f790e935cc9fc0130f8f8fb5bee443a78fa",
-    "LinearWithGradAccumulationAndAsyncCommunication.backward": "b50b2ea4a1c9027040516475a8b40a0bd86ddf9e17fcb5c2c56feb3156c3ae3e",
+    "LinearWithGradAccumulationAndAsyncCommunication.backward":
+        "b50b2ea4a1c9027040516475a8b40a0bd86ddf9e17fcb5c2c56feb3156c3ae3e",
 }
 
 # The functions the overrides replace, kept so that the pin can be checked after the shim is applied.

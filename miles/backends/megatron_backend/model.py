@@ -2,8 +2,8 @@
 saved in the Hugging Face layout.
 
 - The actor is GPTModel with the local layer spec (RMSNorm, GQA, SwiGLU, RoPE; qkv bias for Qwen2, q/k RMSNorm for
-  Qwen3; ``layer_spec.py``), its weights converted from the HF checkpoint (``qwen2.py``), so it starts from exactly the torch
-  backend's weights.
+  Qwen3; ``layer_spec.py``), its weights converted from the HF checkpoint (``qwen2.py``), so it starts from exactly
+  the torch backend's weights.
 - The critic is the same GPTModel whose output layer is a scalar head with bias, Megatron's stand-in for HF's
   token-classification ``score`` layer. It is converted from the HF critic that ``miles.models.hf`` builds, so a
   new head starts from the torch backend's initialization, bit for bit, under the same seed.

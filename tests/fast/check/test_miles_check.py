@@ -417,7 +417,8 @@ class TestCheckLaunch:
         assert verdict.status == "OK" and not verdict.refusals_counted and verdict.ignored == []
         (message, fix), = verdict.errors
         assert message == f"train_async.py: error: {refusal_line(build_parser().parse_args(words))}"
-        assert "--context-parallel-size 2:" in message and "; --use-opd:" in message and "--init-method-std -0.02:" in message
+        assert "--context-parallel-size 2:" in message and "; --use-opd:" in message
+        assert "--init-method-std -0.02:" in message
         assert fix.startswith("fix: drop the refused flags")
         assert check_launch(words, strict=True).status == "REJECTED"
 
