@@ -39,11 +39,7 @@ def _gradients(model, role: str) -> tuple[dict[str, torch.Tensor], float]:
     """A loss with a different weight per response token (so every position matters) on the actor's log-probs or
     the critic's values, its backward, and the clip's norm (max_norm inf: nothing is scaled); the gradients named
     and laid out as the HF model's parameters."""
-    if role == "actor":
-        out = model.response_log_probs(SAMPLES, 1.0)
-        rows = out[0] if isinstance(out, tuple) else out
-    else:
-        rows = model.response_values(SAMPLES)
+    rows = model.response_log_probs(SAMPLES, 1.0)[0] if role == "actor" else model.response_values(SAMPLES)
     loss = sum((row * torch.arange(1.0, len(row) + 1)).sum() for row in rows)
     loss.backward()
     norm = model.clip_grad_norm(float("inf"))
