@@ -10,6 +10,8 @@ as much as starting Python.
 """
 
 import argparse
+import contextlib
+import io
 import sys
 
 from miles.backends.training_utils.lr_schedule import check_lr_schedules
@@ -148,6 +150,7 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
     argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser(add_custom_arguments)
+    add_plugin_arguments(parser, argv)
     # argparse sets a default only on a namespace without the attribute: the marker tells a given flag from one
     # left at its default, so the preflight checks only the architecture flags the launch passed
     args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(ARCHITECTURE_DESTS, _NOT_GIVEN)))
@@ -162,6 +165,27 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     args.sglang_words = sglang_words
     miles_validate_args(args)
     return args
+
+
+def add_plugin_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Upstream's hook for a plug-in's own flags: the function ``--custom-generate-function-path`` names may carry
+    ``add_arguments(parser)`` (``generate.add_arguments = ...``), which registers its flags before the launch is
+    parsed, as upstream's ``add_user_provided_function_arguments`` does. A path that does not load adds nothing here:
+    the preflight refuses it with its reason."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # a malformed launch: the real parse reports it, once
+            known, _ = parser.parse_known_args(argv)
+    except SystemExit:
+        return
+    if not known.custom_generate_function_path:
+        return
+    try:
+        function = load_function("--custom-generate-function-path", known.custom_generate_function_path,
+                                 "examples.custom_generate.generate.generate")
+    except MilesConfigError:
+        return
+    if callable(getattr(function, "add_arguments", None)):
+        function.add_arguments(parser)
 
 
 def miles_validate_args(args) -> None:
