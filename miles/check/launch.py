@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER, Unresolved
 from miles.config import corrections
 from miles.config.refused import DOCS as REFUSED_DOCS
-from miles.config.refused import refusal_line
+from miles.config.refused import RefusedFlag, refusal_line
 from miles.config.arguments import (
     build_parser,
     check_async_colocation,
@@ -94,6 +94,7 @@ class _Placement:
     unknown_values: dict = field(default_factory=dict)  # dest -> UnknownValue
     flag_words: list = field(default_factory=list)  # (argv position, word, dests it could add or None: any)
     estimator_position: int | None = None  # argv index of the last resolved flag that sets the estimator
+    refusal_depends: list = field(default_factory=list)  # (refused flag, its unresolved word, accepted values)
 
 
 class _UsageError(Exception):
@@ -185,11 +186,7 @@ def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement
         literal_flag = _FLAG_WITH_VALUE.match(word.text)
         flag = pending or (literal_flag[1] if literal_flag and _awaits_value(parser, literal_flag[1]) else None)
         if flag is not None:  # a value: of a known flag (now set, value unknown) or of a flag miles ignores
-            action = _action_for(parser, flag)
-            if action is not None and pending is not None:
-                placed.argv.pop()
-            if action is not None:
-                placed.unknown_values[action.dest] = UnknownValue(flag, word.text)
+            _place_value(placed, _action_for(parser, flag), flag, word, after_flag=pending is not None)
             shown = f"{flag} {word.text}" if pending else word.text
         else:
             shown = word.text
@@ -198,6 +195,19 @@ def _place_unresolved(args: list, parser: argparse.ArgumentParser) -> _Placement
         placed.unresolved.append((shown, word.reason))
         pending = None
     return placed
+
+
+def _place_value(placed: _Placement, action, flag: str, word: Unresolved, after_flag: bool) -> None:
+    """An unresolved word that is ``flag``'s value (the word after it, or ``--flag=...``)."""
+    if isinstance(action, RefusedFlag) and not action.refusal.accepts:
+        placed.argv.append(word.text)  # refused whatever the word holds: the driver refuses it, shown as written
+        return
+    if action is not None and after_flag:
+        placed.argv.pop()
+    if isinstance(action, RefusedFlag):  # refused unless the word holds an accepted value: a cannot-check note
+        placed.refusal_depends.append((flag, word.text, action.refusal.accepts))
+    elif action is not None:  # a known flag: set, its value unknown
+        placed.unknown_values[action.dest] = UnknownValue(flag, word.text)
 
 
 def _group_flags(extras: list) -> list:
@@ -327,6 +337,8 @@ def _strict_verdict(args: list, driver: str) -> tuple:
         setattr(namespace, dest, value)
     refusal = refusal_line(namespace)  # the driver stops on it first, with argparse's exit status 2
     errors, contract_error, cannot_check = _validation_errors(namespace, driver)
+    cannot_check += [f"cannot check: {flag} {text} is refused unless it is {' or '.join(accepts)}, and its value "
+                     "is unresolved" for flag, text, accepts in placed.refusal_depends]
     if refusal is not None:
         errors.append((f"{driver}: error: {refusal}", REFUSAL_FIX))
     contract, deciding = _contract(namespace, driver, contract_error, placed)

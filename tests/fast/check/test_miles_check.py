@@ -452,6 +452,25 @@ class TestUnresolvedWords:
         assert verdict.cannot_check == ["cannot check: a rule in miles_validate_args reads --save-interval, whose "
                                         "value ${N} is unresolved (that check's later rules are not checked)"]
 
+    @pytest.mark.parametrize("form", ["after the flag", "--flag=word"])
+    def test_a_refused_flag_with_an_unresolved_value_is_refused_whatever_it_holds(self, form):
+        # upstream's LoRA launchers pass --target-modules ${LORA_TARGET_MODULES:-all-linear}: no value is accepted
+        text = "${LORA_TARGET_MODULES:-all-linear}"
+        words = (["--target-modules", Unresolved(text, "from env")] if form == "after the flag"
+                 else [Unresolved(f"--target-modules={text}", "from env")])
+        verdict = check_launch(["--use-tis", *words, "--advantage-estimator", "ppo"])
+        assert verdict.status == "OK" and not verdict.refusals_counted and verdict.cannot_check == []
+        (message, fix), = verdict.errors
+        assert f"--target-modules {text}: " in message and fix.startswith("fix: drop the refused flags")
+        assert check_launch(["--use-tis", *words, "--advantage-estimator", "ppo"], strict=True).status == "REJECTED"
+
+    def test_a_refused_flag_whose_unresolved_value_could_be_accepted_is_a_note(self):
+        verdict = check_launch(["--context-parallel-size", Unresolved("${CP}", "CP from env"),
+                                "--advantage-estimator", "grpo"], strict=True)
+        assert (verdict.status, verdict.errors) == ("OK", [])
+        assert verdict.cannot_check == ["cannot check: --context-parallel-size ${CP} is refused unless it is 1, and "
+                                        "its value is unresolved"]
+
     def test_equals_form_and_a_later_resolved_flag(self):
         verdict = check_launch(["--advantage-estimator", "ppo",
                                 Unresolved("--save=${DIR}", "r"), "--save-interval", "2"])
