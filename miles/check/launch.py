@@ -19,6 +19,7 @@ from miles.config import corrections
 from miles.config.refused import DOCS as REFUSED_DOCS
 from miles.config.refused import RefusedFlag, refusal_line
 from miles.config.arguments import (
+    add_plugin_arguments,
     build_parser,
     check_async_colocation,
     check_async_max_weight_staleness,
@@ -324,6 +325,7 @@ def _strict_verdict(args: list, driver: str) -> tuple:
     """(the verdict counting every refusal, the words the contract's verdict depends on (None: the arguments do
     not parse), whether the contract refuses the launch whatever the unresolved words hold)."""
     parser = _checking_parser()
+    add_plugin_arguments(parser, [word for word in args if isinstance(word, str)])  # as the driver: its flags
     placed = _place_unresolved(args, parser)
     lifts = [(word.text, why + ", which could lift the refusal") for _, word, dests in placed.flag_words
              if (why := _adds(dests, set(dests or ()), "any flag"))]

@@ -10,8 +10,6 @@ as much as starting Python.
 """
 
 import argparse
-import contextlib
-import io
 import sys
 
 from miles.backends.training_utils.lr_schedule import check_lr_schedules
@@ -130,8 +128,30 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
     return add_miles_arguments
 
 
+class _RefusedFlagsYield:
+    """A flag that a driver's ``add_custom_arguments`` or a plug-in's ``add_arguments`` defines replaces the refused
+    upstream flag of the same name (upstream's RLVE example defines ``--rlve`` this way): the code that defines it
+    is what it means. Any other clash stays argparse's error."""
+
+    def _handle_conflict_error(self, action, conflicting_actions):
+        if all(isinstance(existing, refused.RefusedFlag) for _, existing in conflicting_actions):
+            return self._handle_conflict_resolve(action, conflicting_actions)
+        return super()._handle_conflict_error(action, conflicting_actions)
+
+
+class _ArgumentGroup(_RefusedFlagsYield, argparse._ArgumentGroup):
+    pass
+
+
+class MilesArgumentParser(_RefusedFlagsYield, argparse.ArgumentParser):
+    def add_argument_group(self, *args, **kwargs) -> argparse._ArgumentGroup:
+        group = _ArgumentGroup(self, *args, **kwargs)  # argparse's own body, with the group that yields
+        self._action_groups.append(group)
+        return group
+
+
 def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = MilesArgumentParser(
         description="miles: RL post-training (PPO, GRPO, GSPO, REINFORCE++) for causal language models.",
         epilog=flags.help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -172,16 +192,16 @@ def add_plugin_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> No
     ``add_arguments(parser)`` (``generate.add_arguments = ...``), which registers its flags before the launch is
     parsed, as upstream's ``add_user_provided_function_arguments`` does. A path that does not load adds nothing here:
     the preflight refuses it with its reason."""
+    finder = argparse.ArgumentParser(add_help=False, exit_on_error=False)  # reads the one flag
+    finder.add_argument("--custom-generate-function-path")
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # a malformed launch: the real parse reports it, once
-            known, _ = parser.parse_known_args(argv)
-    except SystemExit:
+        path = finder.parse_known_args(argv)[0].custom_generate_function_path
+    except argparse.ArgumentError:  # given without its value: the real parse reports it, once
         return
-    if not known.custom_generate_function_path:
+    if not path:
         return
     try:
-        function = load_function("--custom-generate-function-path", known.custom_generate_function_path,
-                                 "examples.custom_generate.generate.generate")
+        function = load_function("--custom-generate-function-path", path, "examples.custom_generate.generate.generate")
     except MilesConfigError:
         return
     if callable(getattr(function, "add_arguments", None)):

@@ -103,13 +103,13 @@ def unknown_upstream_flags(miles_options: dict, upstream_options: dict) -> list[
             if flag not in miles_options and not flag.startswith(SGLANG_PREFIX)]
 
 
-def refusal_mismatches(refused: dict, upstream_options: dict, newer: frozenset = frozenset()) -> list[str]:
+def refusal_mismatches(refused: dict, upstream_options: dict, absent: frozenset = frozenset()) -> list[str]:
     """A refused flag upstream lacks (stale), or one that takes a different number of words than upstream's (a
-    launch would parse differently). ``newer``: refused flags of a newer upstream than the parser compared with
-    (their row names the commit); absent there is expected, a different arity is still a mismatch."""
+    launch would parse differently). ``absent``: refused flags the parser compared with lacks by design (their row
+    names a newer upstream commit, or the example code that defines them); a different arity is still a mismatch."""
     problems = []
     for flag, record in sorted(refused.items()):
-        if flag not in upstream_options and flag in newer:
+        if flag not in upstream_options and flag in absent:
             continue
         if flag not in upstream_options:
             problems.append(f"{flag}: refused in departures.toml, but upstream has no such flag")

@@ -64,6 +64,13 @@ class Refusal:
     # the upstream commit a flag newer than the conformance check's parser (miles-rl 0.0.2) was seen at ("": the
     # parser has it): such a flag is known here although that parser cannot confirm it
     newer_upstream: str = ""
+    # the code that defines a flag upstream's parser never has ("": the parser or a newer upstream's): an upstream
+    # example's own driver or a generate function's add_arguments; that code's definition replaces the refusal
+    defined_by: str = ""
+
+    @property
+    def absent_from_upstreams_parser(self) -> bool:
+        return bool(self.newer_upstream or self.defined_by)
 
 
 @functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
@@ -96,7 +103,8 @@ def load_refusals() -> dict[str, Refusal]:
                  **{flag: int(n) if n.isdigit() else n for flag, n in row.get("nargs", {}).items()}}
         for flag, nargs in arity.items():
             refusals[flag] = Refusal(group, row["why"], nargs, tuple(row.get("accepts", {}).get(flag, ())),
-                                     row.get("newer_upstream", ""))
+                                     row.get("newer", {}).get(flag, row.get("newer_upstream", "")),
+                                     row.get("defined_by", ""))
     return refusals
 
 
@@ -148,7 +156,10 @@ def refused_markdown() -> str:
         accepted = ", ".join(f"`{flag} {' or '.join(values)}`".replace(" on`", "`")
                              for flag, values in row.get("accepts", {}).items()) or "none"
         newer = (f" (flags of upstream at {row['newer_upstream']}, newer than the conformance check's parser)"
-                 if row.get("newer_upstream") else "")
+                 if row.get("newer_upstream") else
+                 f" (defined by {row['defined_by']}, not by upstream's parser)" if row.get("defined_by") else "")
+        newer += "".join(f" (`{flag}`: upstream at {commit}, newer than the conformance check's parser)"
+                         for flag, commit in row.get("newer", {}).items())
         rows.append(f"| {group} ({len(flags)}) | {', '.join(f'`{flag}`' for flag in flags)} | {accepted} | "
                     f"{row['why']}{newer} |")
     return "\n".join(rows)

@@ -103,8 +103,8 @@ def _coverage_failures(report, all_miles_options, refused, upstream_options) -> 
     report.refused = len(refused)
     report.failures += [f"upstream's {flag} is unknown to miles' parser: implement it or refuse it in "
                         "departures.toml" for flag in compare.unknown_upstream_flags(all_miles_options, upstream_options)]
-    newer = frozenset(flag for flag, refusal in load_refusals().items() if refusal.newer_upstream)
-    report.failures += compare.refusal_mismatches(refused, upstream_options, newer)
+    absent = frozenset(flag for flag, refusal in load_refusals().items() if refusal.absent_from_upstreams_parser)
+    report.failures += compare.refusal_mismatches(refused, upstream_options, absent)
 
 
 def _sample_failures(report, samples, parsed, miles_parser, miles_options, upstream_options) -> None:

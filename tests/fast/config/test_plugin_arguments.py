@@ -1,12 +1,14 @@
 """A custom generate function's own flags (upstream's ``generate.add_arguments = ...`` hook) parse, as upstream's
 ``add_user_provided_function_arguments`` lets them; without the hook they are unrecognized."""
 
+import argparse
 import sys
 import textwrap
 
 import pytest
 
 from miles.config.arguments import parse_args
+from miles.conformance.departures import load_refusals
 
 PLUGIN = textwrap.dedent('''
     import argparse
@@ -49,10 +51,50 @@ def test_a_function_without_the_hook_adds_no_flag(plugin, capsys):
     with pytest.raises(SystemExit) as stopped:
         parse_args(argv=["--custom-generate-function-path", f"{plugin}.plain", "--agent-base-url", "x"])
     assert stopped.value.code == 2
-    err = capsys.readouterr().err
-    assert "unrecognized arguments: --agent-base-url x" in err and err.count("error:") == 1
+    err = capsys.readouterr().err  # without the plug-in's definition it is the refused upstream example flag
+    assert "--agent-base-url x: " in err and "unrecognized" not in err and err.count("error:") == 1
 
 
 def test_a_path_that_does_not_load_leaves_the_parse_as_without_it():
     args = parse_args(argv=["--custom-generate-function-path", "no_such_module.generate"])
     assert args.custom_generate_function_path == "no_such_module.generate"  # the preflight refuses it, with why
+
+
+def test_a_flag_the_plugin_defines_replaces_the_refused_upstream_flag_of_that_name(plugin):
+    # --agent-base-url is refused as an upstream example's own flag; the plug-in that owns it defines what it means
+    assert "--agent-base-url" in load_refusals()
+    args = parse_args(argv=["--custom-generate-function-path", f"{plugin}.generate", "--agent-base-url", "http://h"])
+    assert args.agent_base_url == "http://h"
+
+
+def test_a_drivers_custom_arguments_replace_refused_flags_but_never_miles_own():
+    def add_rlve_arguments(parser):  # as upstream's examples/RLVE/train.py passes to parse_args
+        parser.add_argument("--rlve", action="store_true", default=False)
+        group = parser.add_argument_group("RLVE")
+        group.add_argument("--environment-list", nargs="+", default=[])
+        return parser
+
+    args = parse_args(add_custom_arguments=add_rlve_arguments, argv=["--rlve", "--environment-list", "a", "b"])
+    assert args.rlve is True and args.environment_list == ["a", "b"]
+    with pytest.raises(argparse.ArgumentError, match="conflicting option string: --lr"):
+        parse_args(add_custom_arguments=lambda parser: parser.add_argument("--lr", type=float), argv=[])
+
+
+def test_without_the_code_that_defines_them_they_are_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv=["--rlve", "--environment-list", "a", "--agent-base-url", "x"])
+    assert stopped.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert all(flag in line for flag in ("--rlve", "--environment-list a", "--agent-base-url x"))
+
+
+def test_miles_check_agrees_with_the_driver_on_a_plugins_flags(plugin):
+    from miles.check import check_launch
+
+    words = ["--advantage-estimator", "grpo", "--agent-base-url", "http://h", "--generate-multi-samples"]
+    loaded = check_launch(["--custom-generate-function-path", f"{plugin}.generate", *words], strict=True)
+    assert (loaded.status, loaded.errors, loaded.ignored) == ("OK", [], [])
+    without = check_launch(["--custom-generate-function-path", f"{plugin}.plain", *words], strict=True)
+    assert without.status == "REJECTED" and without.ignored == []
+    (message, _), = without.errors
+    assert "--agent-base-url http://h, --generate-multi-samples: " in message

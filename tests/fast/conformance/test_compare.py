@@ -65,7 +65,7 @@ def test_a_refusal_of_a_newer_upstream_flag_may_be_absent_upstream_but_not_diffe
     refused = {"--use-opd": _record("refused_flags", nargs=0), "--opd-type": _record("refused_flags", nargs=None),
                "--gone": _record("refused_flags", nargs=0)}
     upstream = {"--opd-type": _record("opd_type", nargs="+")}
-    problems = refusal_mismatches(refused, upstream, newer=frozenset({"--use-opd", "--opd-type"}))
+    problems = refusal_mismatches(refused, upstream, absent=frozenset({"--use-opd", "--opd-type"}))
     # --use-opd: newer than that parser, absent there: fine; --opd-type: present with another arity: a mismatch;
     # --gone: not marked newer and absent: stale
     assert problems == ["--gone: refused in departures.toml, but upstream has no such flag",
