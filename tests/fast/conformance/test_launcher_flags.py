@@ -39,6 +39,13 @@ LAUNCHER_FLAGS = [
     "--qk-layernorm", "--position-embedding-type", "--rotary-percent", "--use-rotary-position-embeddings",
     # newer upstream launchers (checkpoint and DSA-indexer flags)
     "--warm-hf-checkpoint-page-cache", "--use-rollout-indexer-replay", "--use-indexer-replay",
+    # the sweep of 106 public launchers (docs/conformance.md): newer upstream flags, and flags that an example's
+    # own code defines (its driver's add_custom_arguments, a generate function's add_arguments)
+    "--fully-async", "--filter-zero-reward-samples", "--eval-num-gpus", "--eval-num-gpus-per-engine",
+    "--eval-hf-dir", "--eval-keep-snapshots", "--tb-dir", "--miles-router-enable-token-input-for-chat-completions",
+    "--experts-shared-outer-loras", "--lora-base-cpu-backup", "--custom-agent-function-path",
+    "--generate-multi-samples", "--agent-base-url", "--custom-reward-path", "--rlve", "--environment-list",
+    "--custom-prompt-preprocessor", "--answer-marker-type",
 ]
 
 
