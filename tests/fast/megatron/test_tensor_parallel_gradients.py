@@ -1,6 +1,8 @@
 """The megatron backend's gradients at --tensor-model-parallel-size 2 (two spawned gloo processes), without and with
---sequence-parallel, against the torch backend's (transformers' own model, one process) on the same weights and
-loss: every tensor, gathered to the HF layout, and the clip's global norm.
+--sequence-parallel, and with sequence parallelism and full activation recompute (upstream's launchers pass TP, SP and
+--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 together), against the torch
+backend's (transformers' own model, one process, no recompute) on the same weights and loss: every tensor, gathered
+to the HF layout, and the clip's global norm.
 
 The replicated weights that each rank applies to only part of the work are the case that needs it: Qwen3's q/k
 RMSNorm weights (each rank normalizes its own heads) and, under sequence parallelism, every norm outside attention
@@ -28,10 +30,17 @@ if not megatron_installed():
 pytestmark = [pytest.mark.megatron, pytest.mark.usefixtures("restore_torch_threads")]
 
 from miles.backends import load_train_model  # noqa: E402
+from miles.backends.training_utils.recompute import Recompute  # noqa: E402
 from tests.fast.megatron.test_megatron_model import SAMPLES  # noqa: E402
 
 TENSOR_PARALLEL = 2
-CASES = list(itertools.product(("qwen2", "qwen3"), ("actor", "critic"), (False, True)))
+VARIANTS = {  # load_train_model's keywords beside the tensor-parallel size
+    "tp": {},
+    "tp+sp": {"sequence_parallel": True},
+    "tp+sp+recompute": {"sequence_parallel": True, "recompute": Recompute("full", "uniform", 1)},
+}
+CASES = [*itertools.product(("qwen2", "qwen3"), ("actor", "critic"), ("tp", "tp+sp")),
+         ("qwen2", "actor", "tp+sp+recompute"), ("qwen3", "critic", "tp+sp+recompute")]
 SEEDS = {"actor": 0, "critic": 7}  # the seed initializes a new critic head, alike on both backends
 
 
@@ -47,16 +56,29 @@ def _gradients(model, role: str) -> tuple[dict[str, torch.Tensor], float]:
     return (model.hf_state_dict(grads) if hasattr(model, "layout") else grads), norm
 
 
+def _attention_runs(model) -> list[int]:
+    """Forward calls of each layer's core attention, counted from now on."""
+    runs = []
+    for name, module in model.module.named_modules():
+        if name.endswith("core_attention"):
+            runs.append(0)
+            module.register_forward_hook(lambda *_, i=len(runs) - 1: runs.__setitem__(i, runs[i] + 1))
+    return runs
+
+
 def _rank(rank: int, port: int, checkpoints: dict[str, str], folder: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TENSOR_PARALLEL)
     try:
         norms = {}
-        for family, role, sequence_parallel in CASES:
+        for family, role, variant in CASES:
             model = load_train_model("megatron", role, checkpoints[family], seed=SEEDS[role],
-                                     tensor_parallel_size=TENSOR_PARALLEL, sequence_parallel=sequence_parallel)
-            grads, norms[family, role, sequence_parallel] = _gradients(model, role)
+                                     tensor_parallel_size=TENSOR_PARALLEL, **VARIANTS[variant])
+            runs = _attention_runs(model)
+            grads, norms[family, role, variant] = _gradients(model, role)
+            # recompute is really on: each layer's attention runs again in the backward pass (else the match is moot)
+            assert set(runs) == {2 if "recompute" in VARIANTS[variant] else 1}, (variant, runs)
             if rank == 0:  # a file, not the queue: tensors on a queue need the exiting process's shared memory
-                torch.save(grads, f"{folder}/{family}-{role}-{sequence_parallel}.pt")
+                torch.save(grads, f"{folder}/{family}-{role}-{variant}.pt")
         results.put((rank, norms))
         dist.barrier()  # both ranks are done before either tears gloo down (see tests/fast/ranks)
     finally:
@@ -89,14 +111,13 @@ def tensor_parallel_run(embedded, qwen3_checkpoint, tmp_path_factory) -> tuple[d
     return checkpoints, folder, outcomes
 
 
-@pytest.mark.parametrize(("family", "role", "sequence_parallel"), CASES,
-                         ids=[f"{family}-{role}-{'tp+sp' if sp else 'tp'}" for family, role, sp in CASES])
-def test_tensor_parallel_gradients_are_the_single_process_ones(tensor_parallel_run, family, role, sequence_parallel):
+@pytest.mark.parametrize(("family", "role", "variant"), CASES, ids=["-".join(case) for case in CASES])
+def test_tensor_parallel_gradients_are_the_single_process_ones(tensor_parallel_run, family, role, variant):
     checkpoints, folder, norms = tensor_parallel_run
     expected, expected_norm = _gradients(load_train_model("torch", role, checkpoints[family], seed=SEEDS[role]), role)
-    actual = torch.load(f"{folder}/{family}-{role}-{sequence_parallel}.pt")
+    actual = torch.load(f"{folder}/{family}-{role}-{variant}.pt")
     assert set(expected) <= set(actual)  # a tied model's HF state also lists lm_head.weight
     for name, grad in expected.items():
         assert float((actual[name] - grad).abs().max()) <= 1e-5 * expected_norm, name
     for rank in range(TENSOR_PARALLEL):  # every rank's clip sees the whole model's norm
-        assert abs(norms[rank][family, role, sequence_parallel] - expected_norm) <= 1e-5 * expected_norm
+        assert abs(norms[rank][family, role, variant] - expected_norm) <= 1e-5 * expected_norm
