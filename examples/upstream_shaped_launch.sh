@@ -5,7 +5,8 @@
 # miles implements with upstream's meaning (docs/conformance.md lists the refused ones):
 # - the architecture flags are checked against the checkpoint's config.json before Ray starts;
 # - --rollout-num-gpus / --rollout-num-gpus-per-engine size the engines (a "GPU" is one engine process here);
-# - recompute, dynamic batch size, --balance-data, dropout and DAPO dynamic sampling train as upstream.
+# - recompute, dynamic batch size, --balance-data, dropout and DAPO dynamic sampling train as upstream;
+# - a custom generate function (upstream's signature) produces the samples, and --eval-config names the eval sets.
 # Cost: about 40 s on a 2-core CPU for the 4 rollouts, mostly starting Ray and megatron-core.
 # TRAIN_BACKEND=torch runs the same launch on the torch backend. Add flags after the script name ("$@").
 set -euo pipefail
@@ -27,7 +28,8 @@ ROLLOUT_ARGS=(
     --dynamic-sampling-filter-path miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std
     --global-batch-size 32 --balance-data
 )
-EVAL_ARGS=(--eval-interval 2)
+EVAL_ARGS=(--eval-interval 2 --eval-config examples/custom_generate/eval.yaml)
+PLUGIN_ARGS=(--custom-generate-function-path examples.custom_generate.generate.generate)
 PERF_ARGS=(
     --tensor-model-parallel-size 1 --context-parallel-size 1 --expert-model-parallel-size 1
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
@@ -42,8 +44,8 @@ MISC_ARGS=(
     --rollout-num-gpus 2 --rollout-num-gpus-per-engine 1 --seed 1
 )
 
-python train_async.py \
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python train_async.py \
     --train-backend "${TRAIN_BACKEND:-megatron}" \
     "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" "${PERF_ARGS[@]}" \
-    "${PPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${MISC_ARGS[@]}" \
+    "${PLUGIN_ARGS[@]}" "${PPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${MISC_ARGS[@]}" \
     "$@"

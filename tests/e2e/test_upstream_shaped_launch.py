@@ -1,5 +1,6 @@
 """examples/upstream_shaped_launch.sh, as written (its bash arrays of upstream's flag names, run by bash), trains on
-both backends with every upstream flag miles implements; the same launch with refused flags added stops in one
+both backends with every upstream flag miles implements (a custom generate function with DAPO dynamic sampling and
+an eval config among them); the same launch with refused flags added stops in one
 line before Ray starts."""
 
 import math
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from miles.tracking.metrics import read_metrics
 
@@ -28,7 +30,8 @@ def launch(backend: str, *argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("megatron", marks=pytest.mark.megatron)])
 def test_the_upstream_shaped_launch_trains_with_every_implemented_flag(backend, embedded_cache, tmp_path):
-    result = launch(backend, *CUT, "--log-dir", str(tmp_path / "run"))
+    debug = str(tmp_path / "debug" / "{rollout_id}.pt")
+    result = launch(backend, *CUT, "--log-dir", str(tmp_path / "run"), "--save-debug-rollout-data", debug)
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(str(tmp_path / "run"))
     assert [record["off_policy/staleness_max"] for record in records] == [0, 1]  # async: rollout 1 is one stale
@@ -37,7 +40,11 @@ def test_the_upstream_shaped_launch_trains_with_every_implemented_flag(backend, 
         assert record["off_policy/denominator_behavior_abs_diff_max"] <= 1e-4
         assert record["rollout/dynamic_filter/rounds"] >= 1  # --over-sampling-batch-size drew in rounds
         assert math.isfinite(record["critic/value_loss"])  # PPO with a critic
-    assert "eval/addition" in records[-1]
+    assert {"eval/addition", "eval/addition_cold"} <= set(records[-1])  # --eval-config's two datasets
+    for rollout_id in range(len(records)):  # the custom generate function's top_k 8 drew every kept sample
+        samples = torch.load(debug.format(rollout_id=rollout_id), weights_only=False)["samples"]
+        assert samples and all(s["sampling_kept_ids"] and all(len(ids) <= 8 for ids in s["sampling_kept_ids"])
+                               for s in samples)
 
 
 def test_the_same_launch_with_refused_flags_stops_in_one_line_naming_them_all(embedded_cache, tmp_path):
