@@ -114,3 +114,27 @@ def test_reward_curves_average_whole_blocks_of_rollouts_per_seed():
     assert x == [9.0, 19.0]  # seed 0's last five rollouts make no whole block
     assert low == [0.0, 0.0] and high == [4.5, 14.5]  # block means of 0..9 and 10..19
     assert mean == [2.25, 7.25]
+
+
+# The denominator each arm trains with (the actor's own label, logged as off_policy/correction), written out by hand:
+# the uncorrected arms are uncorrected, every corrected arm corrected. The e2e smoke test runs some arms for real.
+EXPECTED_CORRECTION = {
+    "sync-ppo": "none", "ppo+rollout-logprobs": "rollout_logprobs", "ppo+tis": "tis",
+    "ppo+keep-old-actor": "keep_old_actor", "ppo-uncorrected": "none", "grpo": "none", "grpo+tis": "tis",
+    "ppo+icepop": "tis", "ppo+geo-mask": "tis", "ppo+seq-tis": "tis", "ppo+opsm": "none", "ppo+opsm+tis": "tis",
+}
+
+
+@pytest.mark.parametrize("arm", list(ablation.ARMS))
+def test_every_arm_is_a_launch_the_driver_takes_with_its_correction(arm):
+    from miles.config import corrections
+
+    driver, flags = ablation.ARMS[arm]
+    args = parse_args(argv=ablation.training_argv(2, flags))
+    assert corrections.label_in_effect(corrections.chosen_labels(args)) == EXPECTED_CORRECTION[arm]
+    if arm in ablation.CONTRACT_OFF_ARMS:  # async, refused unless the bench switches the contract off
+        with pytest.raises(AsyncOffPolicyCorrectionError):
+            validate_async_off_policy_correction(args)
+    elif driver == "async":
+        validate_async_off_policy_correction(args)
+    assert set(EXPECTED_CORRECTION) == set(ablation.ARMS) and driver in ("sync", "async")
