@@ -155,13 +155,13 @@ def refused_markdown() -> str:
         flags = [*row.get("switches", ()), *row.get("values", ()), *row.get("nargs", {})]
         accepted = ", ".join(f"`{flag} {' or '.join(values)}`".replace(" on`", "`")
                              for flag, values in row.get("accepts", {}).items()) or "none"
-        newer = (f" (flags of upstream at {row['newer_upstream']}, newer than the conformance check's parser)"
-                 if row.get("newer_upstream") else
-                 f" (defined by {row['defined_by']}, not by upstream's parser)" if row.get("defined_by") else "")
-        newer += "".join(f" (`{flag}`: upstream at {commit}, newer than the conformance check's parser)"
-                         for flag, commit in row.get("newer", {}).items())
+        origin = (f" (flags of upstream at {row['newer_upstream']}, newer than the conformance check's parser)"
+                  if row.get("newer_upstream") else
+                  f" (defined by {row['defined_by']}, not by upstream's parser)" if row.get("defined_by") else "")
+        origin += "".join(f" (`{flag}`: upstream at {commit}, newer than the conformance check's parser)"
+                          for flag, commit in row.get("newer", {}).items())
         rows.append(f"| {group} ({len(flags)}) | {', '.join(f'`{flag}`' for flag in flags)} | {accepted} | "
-                    f"{row['why']}{newer} |")
+                    f"{row['why']}{origin} |")
     return "\n".join(rows)
 
 
