@@ -39,13 +39,16 @@ LAUNCHER_FLAGS = [
     "--qk-layernorm", "--position-embedding-type", "--rotary-percent", "--use-rotary-position-embeddings",
     # newer upstream launchers (checkpoint and DSA-indexer flags)
     "--warm-hf-checkpoint-page-cache", "--use-rollout-indexer-replay", "--use-indexer-replay",
-    # the sweep of 106 public launchers (docs/conformance.md): newer upstream flags, and flags that an example's
+    # the sweep of 126 public launchers (docs/conformance.md): newer upstream flags, and flags that an example's
     # own code defines (its driver's add_custom_arguments, a generate function's add_arguments)
     "--fully-async", "--filter-zero-reward-samples", "--eval-num-gpus", "--eval-num-gpus-per-engine",
     "--eval-hf-dir", "--eval-keep-snapshots", "--tb-dir", "--miles-router-enable-token-input-for-chat-completions",
     "--experts-shared-outer-loras", "--lora-base-cpu-backup", "--custom-agent-function-path",
     "--generate-multi-samples", "--agent-base-url", "--custom-reward-path", "--rlve", "--environment-list",
-    "--custom-prompt-preprocessor", "--answer-marker-type",
+    "--custom-prompt-preprocessor", "--answer-marker-type", "--opd-teacher-key", "--opd-reward-weight-mode",
+    "--opd-top-k-strategy", "--opd-teacher-adapters", "--opd-teacher-urls", "--opd-privileged-context-key",
+    "--use-gated-attention", "--minimax-m3-vl", "--m2n-pp-concurrency", "--use-rs", "--tis-batch-normalize",
+    "--tis-lower-bound", "--tis-upper-bound",
 ]
 
 
