@@ -44,7 +44,7 @@ def _reseed(backend: str) -> None:
         model_parallel_cuda_manual_seed(SEED)
 
 
-def _calls(model, part: str) -> list[int]:
+def forward_calls(model, part: str) -> list[int]:
     """Counts of the forward calls of each layer's ``part`` (inside every checkpoint on both backends)."""
     name = {"attention": "core_attention", "mlp": "mlp"}[part] if model.__class__.__name__ == "MegatronTrainModel" \
         else {"attention": "self_attn", "mlp": "mlp"}[part]
@@ -60,7 +60,7 @@ def _step(backend, folder, dropout, recompute=Recompute(), part="attention"):
     """One training forward and backward: loss = sum of the response log-probs weighted by position (so every
     token's gradient differs); returns the loss, the gradients by name and the calls of ``part`` per layer."""
     model = load_train_model(backend, "actor", folder, seed=0, dropout=dropout, recompute=recompute)
-    calls = _calls(model, part)
+    calls = forward_calls(model, part)
     model.module.train()
     _reseed(backend)
     log_probs, _ = model.response_log_probs(SAMPLES, 1.0)

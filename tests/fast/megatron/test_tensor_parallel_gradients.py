@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.megatron, pytest.mark.usefixtures("restore_torch_threa
 
 from miles.backends import load_train_model  # noqa: E402
 from miles.backends.training_utils.recompute import Recompute  # noqa: E402
+from tests.fast.backends.test_recompute import forward_calls  # noqa: E402
 from tests.fast.megatron.test_megatron_model import SAMPLES  # noqa: E402
 
 TENSOR_PARALLEL = 2
@@ -56,16 +57,6 @@ def _gradients(model, role: str) -> tuple[dict[str, torch.Tensor], float]:
     return (model.hf_state_dict(grads) if hasattr(model, "layout") else grads), norm
 
 
-def _attention_runs(model) -> list[int]:
-    """Forward calls of each layer's core attention, counted from now on."""
-    runs = []
-    for name, module in model.module.named_modules():
-        if name.endswith("core_attention"):
-            runs.append(0)
-            module.register_forward_hook(lambda *_, i=len(runs) - 1: runs.__setitem__(i, runs[i] + 1))
-    return runs
-
-
 def _rank(rank: int, port: int, checkpoints: dict[str, str], folder: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TENSOR_PARALLEL)
     try:
@@ -73,7 +64,7 @@ def _rank(rank: int, port: int, checkpoints: dict[str, str], folder: str, result
         for family, role, variant in CASES:
             model = load_train_model("megatron", role, checkpoints[family], seed=SEEDS[role],
                                      tensor_parallel_size=TENSOR_PARALLEL, **VARIANTS[variant])
-            runs = _attention_runs(model)
+            runs = forward_calls(model, "attention")
             grads, norms[family, role, variant] = _gradients(model, role)
             # recompute is really on: each layer's attention runs again in the backward pass (else the match is moot)
             assert set(runs) == {2 if "recompute" in VARIANTS[variant] else 1}, (variant, runs)
