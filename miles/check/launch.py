@@ -211,6 +211,18 @@ def _place_value(placed: _Placement, action, flag: str, word: Unresolved, after_
         placed.unknown_values[action.dest] = UnknownValue(flag, word.text)
 
 
+def _unknown_flags(parser: argparse.ArgumentParser, argv: list) -> list:
+    """The flags of ``argv`` the parser does not know, each with the words up to the next flag, as
+    ``_group_flags`` writes them: what parse_known_args would return had argparse not stopped at an error first."""
+    extras, in_unknown = [], False
+    for token in argv:
+        if token.startswith("-") and not _NEGATIVE_NUMBER.fullmatch(token):
+            in_unknown = _action_for(parser, token) is None
+        if in_unknown:
+            extras.append(token)
+    return _group_flags(extras)
+
+
 def _group_flags(extras: list) -> list:
     """["--tp", "2", "--sp"] -> ["--tp 2", "--sp"]: each unknown flag with the values that follow it."""
     groups = []
@@ -334,7 +346,8 @@ def _strict_verdict(args: list, driver: str) -> tuple:
     except _UsageError as error:
         fix = f"fix: correct that argument (python {driver} --help lists the flags and their values)"
         return Verdict(DEPENDS if lifts else REJECTED, "contract: not checked (the arguments do not parse)",
-                       [(f"{driver}: error: {error}", fix)], [], placed.unresolved, lifts), None, False
+                       [(f"{driver}: error: {error}", fix)], _unknown_flags(parser, placed.argv), placed.unresolved,
+                       lifts), None, False
     for dest, value in placed.unknown_values.items():
         setattr(namespace, dest, value)
     refusal = refusal_line(namespace)  # the driver stops on it first, with argparse's exit status 2

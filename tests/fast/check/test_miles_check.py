@@ -410,6 +410,13 @@ class TestCheckLaunch:
         assert verdict.status == "OK"
         assert verdict.ignored == ["--my-parallel-size 2", "--my-switch", "--my-std -0.02"]
 
+    def test_unknown_flags_are_listed_when_another_argument_does_not_parse(self):
+        # argparse stops at the invalid choice before it gathers the unknown flags; they are still named
+        verdict = check_launch(["--my-parallel-size", "2", "--train-backend", "fsdp", "--my-switch", "--use-tis",
+                                "--my-std", "-0.02", "--lr=1e-6", "--my-rate=3"], "train.py", strict=True)
+        assert verdict.status == "REJECTED" and "invalid choice: 'fsdp'" in verdict.errors[0][0]
+        assert verdict.ignored == ["--my-parallel-size 2", "--my-switch", "--my-std -0.02", "--my-rate=3"]
+
     def test_refused_upstream_flags_are_the_drivers_error_counted_only_under_strict(self):
         words = ["--context-parallel-size", "2", "--use-opd", "--use-tis", "--init-method-std", "-0.02",
                  "--context-parallel-size", "1", "--advantage-estimator", "ppo"]
