@@ -158,8 +158,11 @@ def refused_markdown() -> str:
         origin = (f" (flags of upstream at {row['newer_upstream']}, newer than the conformance check's parser)"
                   if row.get("newer_upstream") else
                   f" (defined by {row['defined_by']}, not by upstream's parser)" if row.get("defined_by") else "")
-        origin += "".join(f" (`{flag}`: upstream at {commit}, newer than the conformance check's parser)"
-                          for flag, commit in row.get("newer", {}).items())
+        flags_by_commit: dict[str, list[str]] = {}
+        for flag, commit in row.get("newer", {}).items():
+            flags_by_commit.setdefault(commit, []).append(f"`{flag}`")
+        origin += "".join(f" ({', '.join(newer)}: upstream at {commit}, newer than the conformance check's parser)"
+                          for commit, newer in flags_by_commit.items())
         rows.append(f"| {group} ({len(flags)}) | {', '.join(f'`{flag}`' for flag in flags)} | {accepted} | "
                     f"{row['why']}{origin} |")
     return "\n".join(rows)

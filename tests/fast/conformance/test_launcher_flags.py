@@ -49,6 +49,12 @@ LAUNCHER_FLAGS = [
     "--opd-top-k-strategy", "--opd-teacher-adapters", "--opd-teacher-urls", "--opd-privileged-context-key",
     "--use-gated-attention", "--minimax-m3-vl", "--m2n-pp-concurrency", "--use-rs", "--tis-batch-normalize",
     "--tis-lower-bound", "--tis-upper-bound",
+    # the sweep's second part (144 launchers, 41 models files): int4 rollout weights and DeepSeek-V4's architecture
+    "--int4-params-rollout", "--dsv4-compress-ratios", "--dsv4-compress-rope-theta", "--dsv4-hc-mult",
+    "--dsv4-hc-sinkhorn-iters", "--dsv4-n-hash-layers", "--dsv4-o-groups", "--dsv4-o-lora-rank", "--dsv4-window-size",
+    "--beta-fast", "--beta-slow", "--original-max-position-embeddings", "--no-activation-func-clamp-shared-expert",
+    # the FSDP launchers (scripts/fsdp_rl/common.sh, scripts/run-qwen3-4B-fsdp.sh): upstream's FSDP backend's parser
+    "--gradient-checkpointing", "--attn-implementation", "--fsdp-cpu-offload",
 ]
 
 
