@@ -18,6 +18,7 @@ from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags, refused
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
+from miles.conformance.departures import upstream_choice
 from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
 from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
@@ -144,6 +145,18 @@ class _ArgumentGroup(_RefusedFlagsYield, argparse._ArgumentGroup):
 
 
 class MilesArgumentParser(_RefusedFlagsYield, argparse.ArgumentParser):
+    def _check_value(self, action, value):
+        """argparse's check of a choice; when upstream's parser accepts the value, the error also says why miles
+        does not (an upstream launch's ``--train-backend fsdp`` reads as more than a typo)."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as error:
+            departure = upstream_choice(action.option_strings, value)
+            if departure is None:
+                raise
+            raise argparse.ArgumentError(action, f"{error.message}; upstream's parser accepts {value!r}, miles "
+                                                 f"does not: {departure.why} (docs/training.md#departures-from-upstream)") from None
+
     def add_argument_group(self, *args, **kwargs) -> argparse._ArgumentGroup:
         group = _ArgumentGroup(self, *args, **kwargs)  # argparse's own body, with the group that yields
         self._action_groups.append(group)

@@ -5,6 +5,7 @@ reason, rendered into ``--help`` and (by ``miles.conformance.render``) the docs.
 from __future__ import annotations
 
 import functools
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,17 @@ def load_departures() -> dict[str, Departure]:
     """Shared flag -> how it departs."""
     return {flag: Departure(**{**entry, "differs": tuple(entry["differs"])})
             for flag, entry in _load()["shared"].items()}
+
+
+def upstream_choice(option_strings, value: str) -> Departure | None:
+    """The departure of a flag whose choices differ from upstream's, when upstream's choices hold ``value``
+    (``--train-backend fsdp``): None for a value neither side accepts."""
+    departures = load_departures()
+    for option in option_strings:
+        departure = departures.get(option, Departure.NONE)
+        if "choices" in departure.differs and value in re.findall(r"[\w.-]+", str(departure.upstream)):
+            return departure
+    return None
 
 
 def load_additions() -> dict[str, Addition]:
