@@ -1,6 +1,7 @@
-"""Every flag upstream's public launchers pass (radixark/miles scripts/*.sh, scripts/models/*.sh, examples/**/*.sh)
-is known to miles' parser: implemented, or refused with its reason. The names below were collected from those
-launchers (names only, not their text); ``--sglang-*`` words are SGLang's and pass through, so they are left out."""
+"""Every flag upstream's public launchers pass (radixark/miles scripts/*.sh, scripts/models/*.sh and *.py,
+examples/**/*.sh) is known to miles' parser: implemented, or refused with its reason. The names below were collected
+from those launchers (names only, not their text); ``--sglang-*`` words are SGLang's and pass through, so they are
+left out."""
 
 import pytest
 
@@ -53,6 +54,9 @@ LAUNCHER_FLAGS = [
     "--int4-params-rollout", "--dsv4-compress-ratios", "--dsv4-compress-rope-theta", "--dsv4-hc-mult",
     "--dsv4-hc-sinkhorn-iters", "--dsv4-n-hash-layers", "--dsv4-o-groups", "--dsv4-o-lora-rank", "--dsv4-window-size",
     "--beta-fast", "--beta-slow", "--original-max-position-embeddings", "--no-activation-func-clamp-shared-expert",
+    # the Python models files (scripts/models/*.py, which model_args_utils.py prints as MODEL_ARGS): DeepSeek-V4.1
+    "--num-residual-streams", "--mhc-sinkhorn-iterations", "--csa-compress-ratios", "--csa-compress-rotary-base",
+    "--o-groups", "--o-lora-rank", "--moe-n-hash-layers", "--csa-window-size",
     # the FSDP launchers (scripts/fsdp_rl/common.sh, scripts/run-qwen3-4B-fsdp.sh): upstream's FSDP backend's parser
     "--gradient-checkpointing", "--attn-implementation", "--fsdp-cpu-offload",
 ]
