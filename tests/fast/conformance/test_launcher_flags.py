@@ -57,6 +57,12 @@ LAUNCHER_FLAGS = [
     # the Python models files (scripts/models/*.py, which model_args_utils.py prints as MODEL_ARGS): DeepSeek-V4.1
     "--num-residual-streams", "--mhc-sinkhorn-iterations", "--csa-compress-ratios", "--csa-compress-rotary-base",
     "--o-groups", "--o-lora-rank", "--moe-n-hash-layers", "--csa-window-size",
+    # upstream's Python launchers (scripts/run_*.py, which build the command with command_utils): newer flags
+    "--check-weight-update-skip-list", "--colocate-memory-peak-device", "--offload-train-target",
+    "--offload-train-disk-dir", "--stream-optimizer-state-to-disk", "--rematerialize-param-from-master-weight",
+    "--dsa-attention-backend", "--dsv4-impl", "--moe-router-freeze-gate", "--freeze-e-score-correction-bias",
+    "--diffusion-noise-epsilon", "--diffusion-self-conditioning-probability", "--diffusion-encoder-loss-weight",
+    "--diffusion-freeze-router", "--use-sglang",
     # the FSDP launchers (scripts/fsdp_rl/common.sh, scripts/run-qwen3-4B-fsdp.sh): upstream's FSDP backend's parser
     "--gradient-checkpointing", "--attn-implementation", "--fsdp-cpu-offload",
 ]
