@@ -62,7 +62,12 @@ LAUNCHER_FLAGS = [
     "--offload-train-disk-dir", "--stream-optimizer-state-to-disk", "--rematerialize-param-from-master-weight",
     "--dsa-attention-backend", "--dsv4-impl", "--moe-router-freeze-gate", "--freeze-e-score-correction-bias",
     "--diffusion-noise-epsilon", "--diffusion-self-conditioning-probability", "--diffusion-encoder-loss-weight",
-    "--diffusion-freeze-router", "--use-sglang",
+    "--diffusion-freeze-router", "--use-sglang", "--offload-train-disk-chunk-mb", "--opd-domain-balance",
+    "--opd-domain-targets", "--opd-loss-mode", "--opd-reward-refresh", "--opd-topk-per-position",
+    "--check-lora-weight-equal", "--debug-lora-train-only", "--check-weight-update-allow-quant-error",
+    "--linear-attention-backend", "--stream-optimizer-state-moment-dtype",
+    "--titan-model-name", "--titan-model-flavor", "--titan-seq-len", "--titan-tensor-parallel-degree",
+    "--titan-pipeline-parallel-degree", "--titan-context-parallel-degree",
     # the FSDP launchers (scripts/fsdp_rl/common.sh, scripts/run-qwen3-4B-fsdp.sh): upstream's FSDP backend's parser
     "--gradient-checkpointing", "--attn-implementation", "--fsdp-cpu-offload",
 ]
