@@ -68,6 +68,8 @@ LAUNCHER_FLAGS = [
     "--linear-attention-backend", "--stream-optimizer-state-moment-dtype",
     "--titan-model-name", "--titan-model-flavor", "--titan-seq-len", "--titan-tensor-parallel-degree",
     "--titan-pipeline-parallel-degree", "--titan-context-parallel-degree",
+    "--inkling-attn-backend", "--inkling-freeze-global-scale", "--optimizer-state-nvme-dir",
+    "--optimizer-state-nvme-chunk-mb",
     # the FSDP launchers (scripts/fsdp_rl/common.sh, scripts/run-qwen3-4B-fsdp.sh): upstream's FSDP backend's parser
     "--gradient-checkpointing", "--attn-implementation", "--fsdp-cpu-offload",
 ]
