@@ -154,8 +154,9 @@ class MilesArgumentParser(_RefusedFlagsYield, argparse.ArgumentParser):
             departure = upstream_choice(action.option_strings, value)
             if departure is None:
                 raise
-            raise argparse.ArgumentError(action, f"{error.message}; upstream's parser accepts {value!r}, miles "
-                                                 f"does not: {departure.why} (docs/training.md#departures-from-upstream)") from None
+            reason = f"{departure.why} (docs/training.md#departures-from-upstream)"
+            raise argparse.ArgumentError(
+                action, f"{error.message}; upstream's parser accepts {value!r}, miles does not: {reason}") from None
 
     def add_argument_group(self, *args, **kwargs) -> argparse._ArgumentGroup:
         group = _ArgumentGroup(self, *args, **kwargs)  # argparse's own body, with the group that yields
