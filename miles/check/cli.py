@@ -8,7 +8,7 @@ import sys
 from miles.check.launch import DEPENDS, OK, REJECTED, Verdict, check_launch
 from miles.check.script import ScriptScan, scan_script
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER
-from miles.rollout.sglang_words import PREFIX as SGLANG_PREFIX
+from miles.rollout.sglang_words import sglang_option
 
 # The exit status answers "would the driver refuse one of these launches?" (2 stays argparse's usage error).
 EXIT_STATUS = {OK: 0, REJECTED: 1, DEPENDS: 3}
@@ -54,10 +54,10 @@ def format_verdict(location: str, driver: str, verdict: Verdict, uses_script_arg
 
 
 def _sglang_words(ignored: list[str]) -> tuple[list[str], list[str]]:
-    """The ignored words split into ``--sglang-*`` ones (miles passes them to SGLang: ``split_sglang_words``) and
-    the ones miles does not know at all."""
-    sglang = [word for word in ignored if word.startswith(SGLANG_PREFIX)]
-    return sglang, [word for word in ignored if not word.startswith(SGLANG_PREFIX)]
+    """The ignored words split into SGLang's (``--sglang-*``, ``--no-sglang-*``: miles passes them to SGLang,
+    ``split_sglang_words``) and the ones miles does not know at all."""
+    sglang = [word for word in ignored if sglang_option(word) is not None]
+    return sglang, [word for word in ignored if sglang_option(word) is None]
 
 
 def launch_record(file, line, driver, verdict: Verdict) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from miles.conformance.departures import Departure
+from miles.rollout.sglang_words import sglang_option  # SGLang's server arguments: SGLang's parser checks them
 
 RECORD_FIELDS = ("dest", "type", "choices", "action", "nargs", "required")
 # The command line both parsers read for their defaults: upstream requires --rollout-batch-size, so both get miles'
@@ -87,7 +88,6 @@ def _same_value(listed, actual) -> bool:
 
 
 REFUSED_ACTION = "RefusedFlag"  # parser_spec's name for miles/config/refused.py's action
-SGLANG_PREFIX = "--sglang-"  # SGLang's server arguments: passed to SGLang's own parser, not miles' (docs/sglang.md)
 
 
 def split_refused(miles_options: dict) -> tuple[dict, dict]:
@@ -100,7 +100,7 @@ def unknown_upstream_flags(miles_options: dict, upstream_options: dict) -> list[
     """Upstream's flags that miles' parser does not know at all (neither implemented nor refused), each with its
     arity, as the departures table would list it; ``--sglang-*`` ones are SGLang's."""
     return [f"{flag} (nargs {record['nargs']!r}, {record['action']})" for flag, record in sorted(upstream_options.items())
-            if flag not in miles_options and not flag.startswith(SGLANG_PREFIX)]
+            if flag not in miles_options and sglang_option(flag) is None]
 
 
 def refusal_mismatches(refused: dict, upstream_options: dict, absent: frozenset = frozenset()) -> list[str]:

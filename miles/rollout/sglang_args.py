@@ -13,7 +13,7 @@ import argparse
 import difflib
 import os
 
-from miles.rollout.sglang_words import PREFIX
+from miles.rollout.sglang_words import NEGATED_PREFIX, PREFIX, sglang_option
 from miles.utils.errors import MilesConfigError
 
 DEFAULT_MAX_TOTAL_TOKENS = 2048  # KV-cache tokens; SGLang's default memory fraction took 17 GB of host memory here
@@ -41,23 +41,31 @@ def parse_sglang_words(words: list[str]) -> dict:
     options = parser._option_string_actions  # SGLang's own option table: the only source of names
     translated, given = [], []
     for word in words:
-        if not word.startswith(PREFIX):
+        option = sglang_option(word)
+        if option is None:  # the value of the word before it
             translated.append(word)
             continue
-        option = "--" + word[len(PREFIX):].split("=", 1)[0]
         if option not in options:
             close = difflib.get_close_matches(option, list(options), n=3)
             raise MilesConfigError(
                 f"{word.split('=', 1)[0]}: SGLang {_sglang_version()} has no server argument {option}"
-                + (f" (did you mean {', '.join(PREFIX + c[2:] for c in close)}?)" if close else "")
+                + (f" (did you mean {', '.join(_miles_spelling(c, options[c]) for c in close)}?)" if close else "")
                 + "; drop it or use a name from `python -m sglang.launch_server --help` with the --sglang- prefix.")
         given.append(options[option].dest)
-        translated.append("--" + word[len(PREFIX):])
+        translated.append(option + word[len(word.split("=", 1)[0]):])
     try:
         namespace = parser.parse_args(["--model-path=<--hf-checkpoint>", *translated])  # required by SGLang; miles sets it
     except argparse.ArgumentError as error:
         raise MilesConfigError(f"--sglang-* flags: {error}; pass a value SGLang accepts.") from None
     return {dest: getattr(namespace, dest) for dest in given}
+
+
+def _miles_spelling(option: str, action: argparse.Action) -> str:
+    """How a miles (and upstream) command line spells SGLang's ``option``: ``--no-X`` of a boolean switch is
+    ``--no-sglang-X``, every other option ``--sglang-NAME``."""
+    if isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-"):
+        return NEGATED_PREFIX + option[len("--no-"):]
+    return PREFIX + option[2:]
 
 
 def _sglang_version() -> str:

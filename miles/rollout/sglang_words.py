@@ -1,4 +1,5 @@
-"""The ``--sglang-*`` words of a command line, set aside before argparse runs (``parse_args``).
+"""The SGLang words of a command line (``--sglang-*``, and ``--no-sglang-*`` for a negated switch), set aside
+before argparse runs (``parse_args``).
 
 Pure and import-free (it runs before the contract, which nothing outside the code may switch off); the words are
 parsed and checked by SGLang's own parser in the preflight (``miles.rollout.sglang_args``).
@@ -7,17 +8,31 @@ parsed and checked by SGLang's own parser in the preflight (``miles.rollout.sgla
 from __future__ import annotations
 
 PREFIX = "--sglang-"
+# argparse's negation of a boolean SGLang switch: upstream registers SGLang's ``--NAME`` as ``--sglang-NAME``, and a
+# BooleanOptionalAction then adds ``--no-sglang-NAME`` for SGLang's ``--no-NAME``
+NEGATED_PREFIX = "--no-sglang-"
+
+
+def sglang_option(word: str) -> str | None:
+    """The SGLang option a word names (``--sglang-tp-size=2`` -> ``--tp-size``, ``--no-sglang-foo`` ->
+    ``--no-foo``), or None for a word that is not an SGLang server argument."""
+    for prefix, option_prefix in ((PREFIX, "--"), (NEGATED_PREFIX, "--no-")):
+        if word.startswith(prefix) and len(word) > len(prefix):
+            return option_prefix + word[len(prefix):].split("=", 1)[0]
+    return None
 
 
 def split_sglang_words(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(argv without the ``--sglang-*`` words, those words). A ``--sglang-NAME`` followed by a word that does not
-    start with ``--`` takes it as its value; otherwise it stands alone (a switch, or ``NAME=VALUE``)."""
+    """(argv without the SGLang words, those words). A ``--sglang-NAME`` followed by a word that does not start with
+    ``--`` takes it as its value; otherwise it stands alone (a switch, or ``NAME=VALUE``); a ``--no-sglang-NAME`` is
+    a switch."""
     rest, words, index = [], [], 0
     while index < len(argv):
         word = argv[index]
-        if word.startswith(PREFIX) and len(word) > len(PREFIX):
+        if sglang_option(word) is not None:
             words.append(word)
-            takes_next = "=" not in word and index + 1 < len(argv) and not argv[index + 1].startswith("--")
+            takes_next = (word.startswith(PREFIX) and "=" not in word and index + 1 < len(argv)
+                          and not argv[index + 1].startswith("--"))
             if takes_next:
                 words.append(argv[index + 1])
             index += 1 + takes_next

@@ -199,3 +199,8 @@ def test_sglangs_own_parser_types_the_values_and_names_close_matches():
         parse_sglang_words(["--sglang-max-total-token", "4096"])
     with pytest.raises(MilesConfigError, match=r"--sglang-\* flags: .*tp-size"):
         parse_sglang_words(["--sglang-tp-size", "two"])
+    # a boolean switch's negation, as upstream's parser spells it: SGLang's --no-NAME
+    assert parse_sglang_words(["--no-sglang-lora-strict-loading"]) == {"lora_strict_loading": False}
+    with pytest.raises(MilesConfigError, match=r"has no server argument --no-lora-strict-loadin \(did you mean "
+                                               r"--no-sglang-lora-strict-loading"):
+        parse_sglang_words(["--no-sglang-lora-strict-loadin"])

@@ -759,11 +759,11 @@ class TestUpstreamStyleLaunchers:
 
     def test_sglang_flags_are_listed_as_sglang_server_arguments_not_as_unknown(self, capsys):
         argv = ["--advantage-estimator", "ppo", "--use-tis", "--rollout-backend", "sglang",
-                "--sglang-mem-fraction-static", "0.7", "--my-num-layers", "36"]
+                "--sglang-mem-fraction-static", "0.7", "--no-sglang-lora-use-virtual-experts", "--my-num-layers", "36"]
         status, out, _ = _run(capsys, ["--format", "json", "--", *argv])
         record = json.loads(out)[0]
         assert status == 0 and record["verdict"] == "OK"
-        assert record["sglang_words"] == ["--sglang-mem-fraction-static 0.7"]
+        assert record["sglang_words"] == ["--sglang-mem-fraction-static 0.7", "--no-sglang-lora-use-virtual-experts"]
         assert record["ignored"] == ["--my-num-layers 36"]
         status, out, _ = _run(capsys, ["--", *argv])
         assert "SGLang server arguments" in out and "--sglang-mem-fraction-static 0.7" in out

@@ -23,6 +23,13 @@ def test_sglang_words_are_set_aside_with_their_values():
     assert split_sglang_words(["--sglang-", "x"]) == (["--sglang-", "x"], [])
 
 
+def test_a_negated_sglang_switch_is_set_aside_alone():
+    # upstream registers SGLang's --NAME as --sglang-NAME, so argparse spells a boolean's --no-NAME --no-sglang-NAME
+    rest, words = split_sglang_words(["--no-sglang-lora-use-virtual-experts", "7", "--no-sglang-", "--lr", "1"])
+    assert words == ["--no-sglang-lora-use-virtual-experts"]
+    assert rest == ["7", "--no-sglang-", "--lr", "1"]
+
+
 def test_parse_args_keeps_them_and_imports_no_sglang_or_torch():
     code = ("import sys; from miles.utils.arguments import parse_args; "
             "a = parse_args(argv=['--rollout-backend', 'sglang', '--sglang-max-total-tokens', '4096']); "
