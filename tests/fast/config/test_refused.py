@@ -95,7 +95,7 @@ def test_conformance_md_shows_the_refused_table_as_rendered_from_the_file():
     assert render_into(text, REFUSED_BEGIN, REFUSED_END, refused_markdown) == text, \
         "run: python -m miles.conformance.render"
     assert "| model parallelism (54) | `--allgather-cp`, `--hybrid-context-parallel`," in text
-    assert "| routing replay (3) | `--use-routing-replay`, `--use-rollout-routing-replay`," in text
+    assert "| routing replay (4) | `--use-routing-replay`, `--use-rollout-routing-replay`," in text
 
 
 def test_conformance_md_shows_one_table_of_every_flag_group_as_rendered():

@@ -69,7 +69,7 @@ LAUNCHER_FLAGS = [
     "--titan-model-name", "--titan-model-flavor", "--titan-seq-len", "--titan-tensor-parallel-degree",
     "--titan-pipeline-parallel-degree", "--titan-context-parallel-degree",
     "--inkling-attn-backend", "--inkling-freeze-global-scale", "--optimizer-state-nvme-dir",
-    "--optimizer-state-nvme-chunk-mb",
+    "--optimizer-state-nvme-chunk-mb", "--inkling-mm-towers", "--no-use-rollout-routing-replay",
     # the FSDP launchers (scripts/fsdp_rl/common.sh, scripts/run-qwen3-4B-fsdp.sh): upstream's FSDP backend's parser
     "--gradient-checkpointing", "--attn-implementation", "--fsdp-cpu-offload",
 ]
