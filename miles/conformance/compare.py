@@ -98,7 +98,7 @@ def split_refused(miles_options: dict) -> tuple[dict, dict]:
 
 def unknown_upstream_flags(miles_options: dict, upstream_options: dict) -> list[str]:
     """Upstream's flags that miles' parser does not know at all (neither implemented nor refused), each with its
-    arity, as the departures table would list it; ``--sglang-*`` ones are SGLang's."""
+    arity, as the departures table would list it; ``--sglang-*`` and ``--no-sglang-*`` ones are SGLang's."""
     return [f"{flag} (nargs {record['nargs']!r}, {record['action']})" for flag, record in sorted(upstream_options.items())
             if flag not in miles_options and sglang_option(flag) is None]
 
