@@ -123,16 +123,22 @@ def contract_switched_off():
 
     It replaces the name ``validate_async_off_policy_correction`` in ``train_async``'s namespace (where ``train``
     looks it up) with a no-op, and the actor class ``miles.ray.run`` places with a subclass whose per-batch contract
-    check (``PolicyTrainer._check_contract``, called by ``prepare``) does nothing, and restores
+    check (``BatchGuard.check_contract``, called by ``prepare``) does nothing, and restores
     both on every exit path. It exists only in this benchmark's process: no flag or environment variable reaches it.
     """
     import miles.ray.run
     import train_async
-    from miles.backends.training_utils.train_process import PolicyTrainer
+    from miles.backends.train_process import PolicyTrainer
+    from miles.guard.batch import BatchGuard
 
-    class UncorrectedAblationTrainer(PolicyTrainer):  # a local class: Ray ships it to the actor by value
-        def _check_contract(self, rollout_id: int, staleness: int) -> None:
+    class ContractOffGuard(BatchGuard):  # local classes: Ray ships them to the actor by value
+        def check_contract(self, rollout_id: int, staleness: int) -> None:
             pass  # this arm trains uncorrected stale PPO on purpose
+
+    class UncorrectedAblationTrainer(PolicyTrainer):
+        def __init__(self, args, num_threads: int = 1) -> None:
+            super().__init__(args, num_threads)
+            self.guard = ContractOffGuard(self.guard.config)
 
     original = train_async.validate_async_off_policy_correction, miles.ray.run.PolicyTrainer
     train_async.validate_async_off_policy_correction = lambda args: None

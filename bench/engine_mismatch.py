@@ -6,7 +6,7 @@ embedded checkpoint at temperature 1; the trainer's log-probs of exactly those t
 transformers forward pass of the same weights: log softmax(logits / T), under the engine's kept set when the engine
 kept one (truncated), and for "full" the log-prob of the distribution actually sampled (renormalized over the kept
 set the trainer's own logits give): the engine's whole-softmax log-prob is then off by the kept mass. The per-token comparison is the guard's
-own report (``miles.guard.off_policy.denominator_vs_behavior``, old = trainer, roll = SGLang): |old - roll| mean and
+own report (``miles.backends.training_utils.loss_hub.mismatch.denominator_vs_behavior``, old = trainer, roll = SGLang): |old - roll| mean and
 max, the k3 estimate of KL(roll || trainer), the ESS ratio of w = exp(old - roll) and the fraction of w outside
 [--tis-clip-low, --tis-clip] = [0, 2]. The last line is the bf16/fp32 ratio of the max abs diff.
 Usage: python bench/engine_mismatch.py [--prompts 32 --samples 8] (prints a markdown table)
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from miles.guard.off_policy import denominator_vs_behavior
+from miles.backends.training_utils.loss_hub.mismatch import denominator_vs_behavior
 from miles.rollout.embedded import ensure_embedded_default
 from miles.rollout.sampling import SamplingOptions, kept_mask, kept_tokens, renormalized_log_probs
 from miles.rollout.sglang_engine import SGLangRolloutEngine

@@ -33,7 +33,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-import miles.backends.training_utils.train_process as train_process  # noqa: E402
+import miles.backends.train_process as train_process  # noqa: E402
+from miles.backends.training_utils import snapshots, weight_export  # noqa: E402
 from miles.guard import fingerprint, off_policy  # noqa: E402
 from miles.rollout.data_source import load_prompt_data  # noqa: E402
 from miles.rollout.embedded import ensure_embedded_default  # noqa: E402
@@ -48,8 +49,9 @@ MODES = {"ppo --keep-old-actor": ["--advantage-estimator", "ppo", "--keep-old-ac
 GUARD_FUNCTIONS = [(off_policy, name) for name in (
     "check_one_version_per_sample", "sample_staleness", "check_staleness", "check_engine_loaded_pushed_weights",
     "check_rollout_log_probs", "check_correction_per_batch", "check_snapshot_provenance", "check_snapshot_count",
-    "denominator_abs_diff", "check_denominator_tolerance")] + [(train_process, name) for name in (
-    "weights_are_finite", "check_finite_weights", "digest_table", "combine_digests", "differing_tensors")]
+    "denominator_abs_diff", "check_denominator_tolerance")] + [(weight_export, name) for name in (
+    "weights_are_finite", "check_finite_weights", "digest_table", "combine_digests")] + [(snapshots, name) for name in (
+    "digest_table", "combine_digests", "differing_tensors")]
 
 
 @contextlib.contextmanager

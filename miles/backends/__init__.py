@@ -9,6 +9,8 @@ A backend is imported only when it is used, so the torch backend never imports m
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from miles.config.flags import TRAIN_BACKENDS  # noqa: F401  (the names --train-backend accepts)
 
 
@@ -40,3 +42,37 @@ def load_train_model(backend: str, role: str, hf_folder: str, seed: int, tensor_
         parallel = Parallelism(tensor_parallel_size, sequence_parallel)
         return MegatronTrainModel.load(role, hf_folder, seed, parallel, dropout, recompute)
     raise ValueError(f"unknown train backend {backend!r}; valid: {', '.join(TRAIN_BACKENDS)}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How a train process loads its models (``load_train_model``'s settings), built once from ``args``."""
+
+    backend: str  # --train-backend
+    tensor_parallel_size: int
+    sequence_parallel: bool
+    seed: int  # the actor's; the critic's is seed + 1, so a new value head is not the actor's draw
+    dropout: dict = field(default_factory=dict)  # --attention-dropout / --hidden-dropout (trained roles only)
+    recompute: object = None  # a training_utils.recompute.Recompute (trained roles only)
+    reference_folder: str | None = None  # the KL reference's weights (--ref-load, else the base); None: no reference
+
+    @classmethod
+    def from_args(cls, args) -> ModelSpec:
+        from miles.backends.training_utils.recompute import Recompute
+
+        needs_reference = args.use_kl_loss or args.kl_coef != 0
+        return cls(args.train_backend, args.tensor_model_parallel_size, args.sequence_parallel, args.seed,
+                   {"attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout},
+                   Recompute.from_args(args), (args.ref_load or args.hf_checkpoint) if needs_reference else None)
+
+    def load_trained(self, role: str, folder: str):
+        """The model a role trains (its dropout and recompute on)."""
+        seed = self.seed + (role == "critic")
+        return load_train_model(self.backend, role, folder, seed, self.tensor_parallel_size, self.dropout,
+                                self.recompute, self.sequence_parallel)
+
+    def load_frozen(self, folder: str):
+        """Actor weights that are never trained (the KL reference, a saved pushed version): no dropout, no
+        recompute, evaluated only."""
+        return load_train_model(self.backend, "actor", folder, self.seed, self.tensor_parallel_size,
+                                sequence_parallel=self.sequence_parallel)

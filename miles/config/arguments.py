@@ -337,9 +337,10 @@ def _derive_rollout_engines(args) -> None:
 
 
 def _check_corrections(args) -> None:
-    exclusion = corrections.exclusion_error(corrections.chosen_labels(args))
-    if exclusion is not None:
-        raise MilesConfigError(exclusion)
+    try:
+        corrections.in_effect(args)  # refuses rows that exclude each other
+    except ValueError as error:
+        raise MilesConfigError(str(error)) from None
     if args.tis_clip <= args.tis_clip_low:
         raise MilesConfigError(
             f"--tis-clip-low {args.tis_clip_low} and --tis-clip {args.tis_clip} must satisfy "

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from miles.backends.training_utils.loss_hub.math_utils import compute_approx_kl, compute_ess_ratio, pad_samples, valid_positions
 from miles.config import corrections
+from miles.config.corrections import InEffect
 from miles.guard.display import short
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError
 
@@ -107,16 +107,16 @@ def check_snapshot_provenance(
         )
 
 
-def check_correction_per_batch(rollout_id: int, staleness: int, use_critic: bool, chosen: Sequence[str]) -> None:
+def check_correction_per_batch(rollout_id: int, staleness: int, use_critic: bool, chosen: InEffect) -> None:
     """The async contract on every batch: a stale PPO rollout needs a behavior-policy correction in effect.
 
-    ``chosen``: the labels of the corrections table's rows the run chose (``corrections.chosen_labels(args)``).
+    ``chosen``: the corrections table's rows the run chose (``corrections.in_effect(args)``).
     The startup validator refuses such a launch; this catches whatever reaches the trainer around it (a custom
     driver, a notebook). Any TIS variant comes under the TIS row; OPSM alone is no correction (docs/design.md §3)."""
-    if use_critic and staleness > 0 and not corrections.satisfies_contract(chosen):
+    if use_critic and staleness > 0 and not chosen.satisfies_contract:
         raise OffPolicyGuardError(
             f"rollout {rollout_id} is {staleness} rollout(s) stale, and PPO's ratio denominator would be the current "
-            f"actor's (correction in effect: {corrections.label_in_effect(chosen)}): it was not the behavior "
+            f"actor's (correction in effect: {chosen.label}): it was not the behavior "
             f"policy. Train it with a behavior-policy correction: {corrections.suggested_fix()} "
             "(docs/async_off_policy_contract.md)."
         )
@@ -162,57 +162,6 @@ def denominator_abs_diff(old_log_probs: list[torch.Tensor], rollout_log_probs: l
     abs_diff = (torch.cat(old_log_probs) - torch.cat(rollout_log_probs)).abs()  # (N_tokens,)
     return {"denominator_behavior_abs_diff_mean": float(abs_diff.mean()),
             "denominator_behavior_abs_diff_max": float(abs_diff.max())}
-
-
-def behavior_weight_report(
-    old_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor], tis_clip: float, tis_clip_low: float
-) -> dict[str, float]:
-    """The importance weights between the denominator and the behavior policy, as metrics (no check reads them).
-
-    kl = low_var_kl k3 estimate of KL(roll ‖ old); raw TIS weight w = exp(old − roll) (min, mean, max, std:
-    E_roll[w] = 1 per token), tis_abs = mean |w − 1|, the weights as --use-tis applies them,
-    clamp(w, tis_clip_low, tis_clip) (min, max), the fraction of w outside those bounds, and the per-sample ESS ratio
-    (Σw)²/(n·Σw²), averaged.
-    """
-    old, roll = torch.cat(old_log_probs), torch.cat(rollout_log_probs)  # (N_tokens,)
-    # The log-ratio is clamped to ±20 as in the PPO ratio and the loss's TIS (tis.py), so the report stays finite.
-    weights = (old - roll).clamp(-20, 20).exp()
-    applied = weights.clamp(tis_clip_low, tis_clip)
-    valid = valid_positions([o.numel() for o in old_log_probs])  # (B, T_max): one padded pass, not one per sample
-    ess = compute_ess_ratio(pad_samples(old_log_probs, valid) - pad_samples(rollout_log_probs, valid), valid)  # (B,)
-    return {
-        "denominator_behavior_kl": float(compute_approx_kl(roll, old, "low_var_kl").mean()),
-        "tis_raw_min": float(weights.min()),
-        "tis_raw_mean": float(weights.mean()),
-        "tis_raw_max": float(weights.max()),
-        "tis_raw_std": float(weights.std()) if weights.numel() > 1 else 0.0,
-        "tis_abs": float((weights - 1).abs().mean()),
-        "tis_applied_min": float(applied.min()),
-        "tis_applied_max": float(applied.max()),
-        "tis_clip_fraction": float(((weights > tis_clip) | (weights < tis_clip_low)).float().mean()),
-        "ess": float(ess.mean()),
-        "num_tokens": float(weights.numel()),
-    }
-
-
-def denominator_vs_behavior(
-    old_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor], tis_clip: float, tis_clip_low: float
-) -> dict[str, float]:
-    """How far the denominator is from the behavior policy: the guard's comparison and the weights' report."""
-    return {**denominator_abs_diff(old_log_probs, rollout_log_probs),
-            **behavior_weight_report(old_log_probs, rollout_log_probs, tis_clip, tis_clip_low)}
-
-
-def policy_vs_behavior(log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor]) -> dict[str, float]:
-    """How far the current policy (at the first optimizer step) has drifted from the behavior policy.
-
-    abs_diff = mean |lp − roll|; kl = low_var_kl k3 estimate of KL(roll ‖ π_θ), over all response tokens.
-    """
-    current, roll = torch.cat([lp.detach() for lp in log_probs]), torch.cat(rollout_log_probs)
-    return {
-        "policy_behavior_abs_diff": float((current - roll).abs().mean()),
-        "policy_behavior_kl": float(compute_approx_kl(roll, current, "low_var_kl").mean()),
-    }
 
 
 def check_behavior_kl(rollout_id: int, policy_behavior_kl: float, max_behavior_kl: float | None, correction: str) -> None:

@@ -19,7 +19,7 @@ import ray
 
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.lr_schedule import check_lr_schedules
-from miles.backends.training_utils.train_process import PolicyTrainer, ValueTrainer
+from miles.backends.train_process import PolicyTrainer, ValueTrainer
 from miles.config import corrections
 from miles.guard import off_policy
 from miles.ranks.layout import train_layouts
@@ -227,7 +227,7 @@ class TrainingRun:
         """The driver's part of the checkpoint of ``rollout_id``: what the straight run has in flight (the next
         rollout, awaited here, with its metrics), its staleness schedule's origin and its prompts' position."""
         return {"driver": self.driver, "update_weights_interval": self.args.update_weights_interval,
-                "keeps_snapshots": corrections.keeps_snapshots(corrections.chosen_labels(self.args)),
+                "keeps_snapshots": corrections.in_effect(self.args).keeps_snapshots,
                 "staleness_origin": self.staleness_origin,
                 "prompt_position": ray.get(self.rollout_manager.prompt_position.remote(rollout_id + 1)),
                 "in_flight": self._finished_generation(rollout_id + 1)}

@@ -13,7 +13,8 @@ import ray
 
 import miles.ray.run
 import train
-from miles.backends.training_utils import checkpoint, train_process
+from miles.backends import train_process
+from miles.backends.training_utils import checkpoint
 from miles.tracking.metrics import read_metrics
 from miles.utils.cli import run_cli
 from tests.e2e.conftest import SMALL_RUN

@@ -11,7 +11,8 @@ import miles.ray.run
 import train
 import train_async
 from miles.backends.training_utils import checkpoint
-from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.backends.train_process import PolicyTrainer
+from miles.guard.batch import BatchGuard
 from miles.guard.off_policy import BehaviorDriftError
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import OffPolicyGuardError
@@ -26,19 +27,25 @@ class SnapshotCorruptingTrainer(PolicyTrainer):
     def export_weights(self, rollouts_trained: int, after_training: bool = False) -> dict:
         payload = super().export_weights(rollouts_trained, after_training)
         if payload["version"] == 2:
-            snapshot = self.snapshots._snapshots[2]
+            snapshot = self.exporter.snapshots._snapshots[2]
             name = next(iter(snapshot.state_dict))
             snapshot.state_dict[name].add_(1e-3 * torch.randn_like(snapshot.state_dict[name]))
         return payload
 
 
-class RolloutTwoRefusingTrainer(PolicyTrainer):
+class RolloutTwoRefusingGuard(BatchGuard):
     """A guard that refuses rollout 2, as if its provenance check had failed."""
 
-    def _check_provenance(self, rollout_id, samples, expected_staleness):
+    def check_provenance(self, rollout_id, samples, *tables, **kwargs):
         if rollout_id == 2:
             raise OffPolicyGuardError(f"rollout {rollout_id}: refused by the test's guard")
-        return super()._check_provenance(rollout_id, samples, expected_staleness)
+        return super().check_provenance(rollout_id, samples, *tables, **kwargs)
+
+
+class RolloutTwoRefusingTrainer(PolicyTrainer):
+    def __init__(self, args, num_threads=1):
+        super().__init__(args, num_threads)
+        self.guard = RolloutTwoRefusingGuard(self.guard.config)
 
 
 def run_async(args) -> list[dict]:

@@ -14,7 +14,7 @@ import miles.ray.run
 import miles.rollout.engine
 import tests.fixtures.weight_corruptions as corruptions
 import train_async
-from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.backends.train_process import PolicyTrainer
 from miles.guard.fingerprint import weights_fingerprint
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import OffPolicyGuardError
@@ -75,7 +75,7 @@ def snapshot_corrupting_trainer(corrupt) -> type:
         def export_weights(self, rollouts_trained: int, after_training: bool = False) -> dict:
             payload = super().export_weights(rollouts_trained, after_training)
             if payload["version"] == CORRUPTED_VERSION:
-                corrupt(self.snapshots._snapshots[CORRUPTED_VERSION].state_dict)
+                corrupt(self.exporter.snapshots._snapshots[CORRUPTED_VERSION].state_dict)
             return payload
 
     return SnapshotCorruptingTrainer

@@ -19,7 +19,7 @@ import miles.ray.run
 import train
 import train_async
 from miles.backends.training_utils import checkpoint
-from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.backends.train_process import PolicyTrainer
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError, ProcessDiedError
 
@@ -138,7 +138,7 @@ class RankOneShardCorruptingTrainer(PolicyTrainer):
 
         payload = super().export_weights(rollouts_trained, after_training)
         if self.weight_version == 2 and parallel_state.get_tensor_model_parallel_rank() == 1:
-            shard = self.snapshots._snapshots[2].state_dict["decoder.layers.0.self_attention.linear_qkv.weight"]
+            shard = self.exporter.snapshots._snapshots[2].state_dict["decoder.layers.0.self_attention.linear_qkv.weight"]
             shard.add_(1e-3 * torch.randn_like(shard))
         return payload
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import train
 import train_async
 from miles.backends.training_utils import checkpoint
-from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.backends.train_process import PolicyTrainer
 from miles.ray.run import resolve_run_paths
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import MilesConfigError

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.backends.train_process import PolicyTrainer
 from miles.rollout.embedded import EmbeddedPaths
 from miles.rollout.engine import TorchRolloutEngine
 from miles.utils.arguments import parse_args

@@ -196,3 +196,46 @@ def _check_rollout(estimator: str, rollout: _Rollout) -> None:
         )
     if rollout.kl_coef != 0 and rollout.kl is None:
         raise ValueError(f"kl_coef is {rollout.kl_coef}, but no per-token kl was passed; pass kl, or kl_coef 0.")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """The flags the trainers' advantage preparation reads, built once from ``args``."""
+
+    estimator: str
+    group_size: int  # --n-samples-per-prompt
+    gamma: float
+    lambd: float
+    std_normalization: bool  # --grpo-std-normalization
+    normalize: bool  # --normalize-advantages
+    kl_coef: float  # the reward's KL penalty (needs reference log-probs when not 0)
+
+    @classmethod
+    def from_args(cls, args) -> AdvantageConfig:
+        return cls(args.advantage_estimator, args.n_samples_per_prompt, args.gamma, args.lambd,
+                   args.grpo_std_normalization, args.normalize_advantages, args.kl_coef)
+
+
+def policy_advantages(
+    config: AdvantageConfig, rewards: list[float], loss_masks: list[torch.Tensor], values: list[torch.Tensor] | None,
+    old_log_probs: list[torch.Tensor] | None, rollout_log_probs: list[torch.Tensor],
+    ref_log_probs: list[torch.Tensor] | None,
+) -> list[torch.Tensor]:
+    """The actor's advantages of one rollout; the reward's KL penalty, when on, is kl = base − ref per token, base
+    the recomputed denominator or (when none was recomputed) the engine's log-probs."""
+    kl = None
+    if config.kl_coef != 0:
+        base = old_log_probs if old_log_probs is not None else rollout_log_probs
+        kl = [b - r for b, r in zip(base, ref_log_probs, strict=True)]
+    advantages, _ = compute_advantages_and_returns(
+        config.estimator, rewards, loss_masks, values, config.group_size, config.gamma, config.lambd,
+        config.std_normalization, config.normalize, kl=kl, kl_coef=config.kl_coef)
+    return advantages
+
+
+def critic_returns(config: AdvantageConfig, rewards: list[float], loss_masks: list[torch.Tensor],
+                   old_values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The critic's regression targets: GAE returns R = A + V under the old values, never whitened."""
+    _, returns = compute_advantages_and_returns("ppo", rewards, loss_masks, old_values, config.group_size,
+                                                config.gamma, config.lambd, std_normalization=True, normalize=False)
+    return returns

@@ -153,7 +153,7 @@ def resume_run_state(args, driver: str) -> tuple[dict | None, bool]:
     if saved is None:
         return None, False
     run_state = load_run_state(args.load, saved)
-    keeps_snapshots = corrections.keeps_snapshots(corrections.chosen_labels(args))
+    keeps_snapshots = corrections.in_effect(args).keeps_snapshots
     reason = inexact_resume_reason(run_state, driver, args.update_weights_interval, keeps_snapshots,
                                    args.start_rollout_id, saved)
     if reason is not None:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from miles.backends.training_utils.advantages import ADVANTAGE_ESTIMATORS
-from miles.backends.training_utils.loss_hub.corrections import load_tis_function
+from miles.backends.training_utils.loss_hub.corrections import load_weight_function
 from miles.backends.training_utils.parallel import get_parallel_state
 from miles.backends.training_utils.loss_hub.math_utils import (
     KL_LOSS_TYPES,
@@ -51,15 +51,15 @@ from miles.backends.training_utils.loss_hub.math_utils import (
     compute_gspo_kl,
     compute_policy_loss,
     compute_value_loss,
+    opsm_keep,
     pad_samples,
     safe_log_ratio,
     sum_of_sample_mean,
     sum_of_token,
     valid_positions,
 )
-from miles.backends.training_utils.tis import opsm_keep
 from miles.config import corrections
-from miles.config.corrections import TIS_LEVELS, TIS_MODES
+from miles.config.corrections import InEffect
 
 
 @dataclass(frozen=True)
@@ -71,19 +71,10 @@ class LossConfig:
     eps_clip_high: float | None = None  # None: eps_clip
     eps_clip_c: float | None = None  # dual clip off
     value_clip: float = 0.2
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
-    tis_mode: str = "clip"
-    tis_level: str = "token"
-    rs_level: str | None = None
-    rs_lower_bound: float | None = None
-    rs_upper_bound: float | None = None
-    rs_veto_threshold: float | None = None
-    custom_tis_function_path: str | None = None
+    # the corrections table's rows in effect: the loss asks them where "old" comes from and what re-weights it
+    corrections: InEffect = InEffect()
     use_opsm: bool = False
     opsm_delta: float = 1e-4
-    use_rollout_logprobs: bool = False
     get_mismatch_metrics: bool = False
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
@@ -91,26 +82,31 @@ class LossConfig:
     use_unbiased_kl: bool = False  # KL loss weighted by π_θ/π_old (the parser's --use-unbiased-kl)
     entropy_coef: float = 0.0
     calculate_per_token_loss: bool = False
-    # What a --custom-tis-function-path hook receives as ``args``: the run's namespace (``from_args``), else this.
+    # What the weight functions receive as ``args`` (upstream's TIS-hook signature; the built-ins read their
+    # --tis-* scalars from it): the run's namespace (``from_args``), else a namespace holding those flags.
     hook_args: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.eps_clip_high is None:
             object.__setattr__(self, "eps_clip_high", self.eps_clip)
-        if self.hook_args is None:
-            object.__setattr__(self, "hook_args", self)
         _check_config(self)
 
     @classmethod
     def from_args(cls, args) -> LossConfig:
-        """Read exactly these fields' attribute names from an argparse namespace (a missing one is an error)."""
-        names = [field.name for field in dataclasses.fields(cls) if field.name != "hook_args"]
-        return cls(**{name: getattr(args, name) for name in names}, hook_args=args)
+        """Read exactly these fields' attribute names from an argparse namespace (a missing one is an error); the
+        corrections come from the table's rows (``corrections.in_effect``)."""
+        names = [field.name for field in dataclasses.fields(cls) if field.name not in ("hook_args", "corrections")]
+        return cls(**{name: getattr(args, name) for name in names}, corrections=corrections.in_effect(args),
+                   hook_args=args)
 
     @functools.cached_property
-    def tis_function(self):
-        """The one TIS entry point: the --custom-tis-function-path hook, else the built-in of the MIS flags."""
-        return load_tis_function(self.custom_tis_function_path)
+    def weight_functions(self) -> tuple:
+        """The functions the loss runs, and whether their weights apply: the chosen rows' (applied, in the table's
+        order), else under get_mismatch_metrics the metrics-only row's (for its metrics alone), else none."""
+        paths = self.corrections.weight_functions
+        if not paths and self.get_mismatch_metrics:
+            paths = (corrections.metrics_only_function(),)
+        return tuple(load_weight_function(path) for path in paths)
 
 
 def _check_config(cfg: LossConfig) -> None:
@@ -123,20 +119,11 @@ def _check_config(cfg: LossConfig) -> None:
         raise ValueError(f"kl_loss_type is {cfg.kl_loss_type!r}, but it must be one of {', '.join(KL_LOSS_TYPES)}.")
     if cfg.eps_clip_c is not None and cfg.eps_clip_c <= 1.0:
         raise ValueError(f"eps_clip_c is {cfg.eps_clip_c}, but the dual-clip constant must be > 1. Pass e.g. 3.0.")
-    if not 0.0 <= cfg.tis_clip_low < cfg.tis_clip:
+    if cfg.weight_functions and cfg.hook_args is None:
         raise ValueError(
-            f"tis_clip_low {cfg.tis_clip_low} and tis_clip {cfg.tis_clip} must satisfy 0 <= tis_clip_low < "
-            "tis_clip. Pass e.g. tis_clip_low 0 and tis_clip 2."
+            f"the corrections in effect ({cfg.corrections.label}) or get_mismatch_metrics run a weight function, "
+            "but hook_args is None: pass the run's namespace (LossConfig.from_args) or one holding the --tis-* flags."
         )
-    for name, value, valid in (("tis_mode", cfg.tis_mode, TIS_MODES), ("tis_level", cfg.tis_level, TIS_LEVELS),
-                               ("rs_level", cfg.rs_level, (None, *TIS_LEVELS))):
-        if value not in valid:
-            raise ValueError(f"{name} is {value!r}, but it must be one of {', '.join(map(str, valid))}.")
-    # the rows whose flag the loss reads (the snapshot row acts before the loss, in the trainer)
-    carried = [row.label for row in corrections.CORRECTIONS if getattr(cfg, row.dest, False)]
-    exclusion = corrections.exclusion_error(carried)
-    if exclusion is not None:
-        raise ValueError(exclusion)
 
 
 def step_divisor(loss_masks: list[torch.Tensor], per_token: bool) -> float:
@@ -209,18 +196,19 @@ class _Tokens:
 
 
 def _denominator(cfg: LossConfig, batch: dict) -> list[torch.Tensor]:
-    """The PPO ratio's denominator: the rollout log-probs under --use-rollout-logprobs, else old_log_probs."""
-    if cfg.use_rollout_logprobs:
+    """The PPO ratio's denominator, where the rows in effect say: the rollout log-probs (ROLLOUT), else
+    old_log_probs (recomputed with a snapshot, SNAPSHOT, or with the current actor, CURRENT)."""
+    if cfg.corrections.denominator == corrections.ROLLOUT:
         if batch.get("rollout_log_probs") is None:
             raise ValueError(
-                "use_rollout_logprobs is set, but batch['rollout_log_probs'] is missing: the rollout engine must "
-                "return per-token log-probs for every sample."
+                f"the denominator of {cfg.corrections.label} is the rollout log-probs, but batch['rollout_log_probs'] "
+                "is missing: the rollout engine must return per-token log-probs for every sample."
             )
         return batch["rollout_log_probs"]
     if batch.get("old_log_probs") is None:
         raise ValueError(
-            "batch['old_log_probs'] is missing, but it is the ratio's denominator unless use_rollout_logprobs is "
-            "set: compute it once per rollout, before the first optimizer step."
+            f"batch['old_log_probs'] is missing, but it is the ratio's denominator under {cfg.corrections.label}: "
+            "compute it once per rollout, before the first optimizer step."
         )
     return batch["old_log_probs"]
 
@@ -283,37 +271,42 @@ def _corrections(
     cfg: LossConfig, batch: dict, tokens: _Tokens, old: torch.Tensor, lp: torch.Tensor, advantages: torch.Tensor,
     pg_losses: torch.Tensor,
 ) -> tuple[torch.Tensor, _Tokens, dict[str, float]]:
-    """OPSM, then the TIS function (``cfg.tis_function``, upstream's hook signature, the one entry point for every
-    TIS choice): the corrected per-token loss (B, T), the tokens the loss reduction keeps, and their metrics.
+    """OPSM, then the weight functions of the rows in effect (``cfg.weight_functions``, upstream's TIS-hook
+    signature, each applied to the previous one's loss and masks): the corrected per-token loss (B, T), the tokens
+    the loss reduction keeps, and their metrics.
 
-    The TIS function also runs under get_mismatch_metrics alone, for its metrics; its weights and masks then are
-    not applied. Metrics are means over the tokens of the original loss mask (before any correction's mask)."""
+    Under get_mismatch_metrics with no row that weights the loss, the metrics-only row's function runs for its
+    metrics; its weights and masks then are not applied. Metrics are means over the tokens of the original loss
+    mask (before any correction's mask)."""
     metrics: dict[str, float] = {}
     if cfg.use_opsm:
         keep = opsm_keep(old, lp.detach(), advantages, tokens.mask, cfg.opsm_delta)
         pg_losses = torch.where(keep, pg_losses, torch.zeros_like(pg_losses))
         metrics["opsm_clipfrac"] = tokens.metric((~keep).to(pg_losses.dtype))
-    if not (cfg.use_tis or cfg.get_mismatch_metrics):
+    if not cfg.weight_functions:
         return pg_losses, tokens, metrics
     if batch.get("rollout_log_probs") is None:
         raise ValueError(
-            "use_tis or get_mismatch_metrics is set, but batch['rollout_log_probs'] is missing: the rollout "
-            "engine must return per-token log-probs for every sample."
+            f"{cfg.corrections.label} (or get_mismatch_metrics) weighs the loss by the rollout log-probs, but "
+            "batch['rollout_log_probs'] is missing: the rollout engine must return per-token log-probs for every "
+            "sample."
         )
     rollout = tokens.pad(batch["rollout_log_probs"], "rollout_log_probs").detach()
     recomputed = old if batch.get("old_log_probs") is None else tokens.pad(batch["old_log_probs"], "old_log_probs")
     response_lengths = list(tokens.lengths)
-    corrected, kept_masks, tis_metrics = cfg.tis_function(
-        cfg.hook_args, pg_loss=pg_losses[tokens.valid], train_log_probs=tokens.unpad(recomputed.detach()),
-        rollout_log_probs=tokens.unpad(rollout), loss_masks=tokens.unpad(tokens.mask.to(pg_losses.dtype)),
-        # upstream's keywords for the context-parallel layout (cp_utils); a batch without prompt lengths (a test
-        # of the loss alone) passes its response lengths, which the one-rank layout never reads
-        total_lengths=list(batch.get("total_lengths") or response_lengths), response_lengths=response_lengths,
-        max_seq_lens=None, parallel_state=get_parallel_state(),
-    )
-    metrics.update({name: tokens.metric(tokens.repad(value)) for name, value in tis_metrics.items()})
+    corrected, kept_masks = pg_losses[tokens.valid], tokens.unpad(tokens.mask.to(pg_losses.dtype))
+    for weigh in cfg.weight_functions:
+        corrected, kept_masks, weight_metrics = weigh(
+            cfg.hook_args, pg_loss=corrected, train_log_probs=tokens.unpad(recomputed.detach()),
+            rollout_log_probs=tokens.unpad(rollout), loss_masks=kept_masks,
+            # upstream's keywords for the context-parallel layout (cp_utils); a batch without prompt lengths (a
+            # test of the loss alone) passes its response lengths, which the one-rank layout never reads
+            total_lengths=list(batch.get("total_lengths") or response_lengths), response_lengths=response_lengths,
+            max_seq_lens=None, parallel_state=get_parallel_state(),
+        )
+        metrics.update({name: tokens.metric(tokens.repad(value)) for name, value in weight_metrics.items()})
     metrics["ois"] = tokens.metric(safe_log_ratio(lp.detach() - old).exp())
-    if not cfg.use_tis:
+    if not cfg.corrections.weight_functions:
         return pg_losses, tokens, metrics
     kept = tokens.repad(torch.cat(list(kept_masks))) != 0
     return tokens.repad(corrected), dataclasses.replace(tokens, mask=tokens.mask & kept), metrics

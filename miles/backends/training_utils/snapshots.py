@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from miles.backends.training_utils.train_model import clone_state
-from miles.guard.fingerprint import DigestTable, digest_table
+from miles.backends.training_utils.train_model import TrainModel, clone_state
+from miles.guard import off_policy
+from miles.guard.fingerprint import DigestTable, combine_digests, differing_tensors, digest_table
 from miles.utils.errors import OffPolicyGuardError
 
 
@@ -71,3 +72,27 @@ class WeightSnapshotStore:
     def _release_older_than(self, version: int) -> None:
         for old in [v for v in self._snapshots if v < version]:
             del self._snapshots[old]
+
+
+def verified_snapshot(store: WeightSnapshotStore, model: TrainModel, rollout_id: int, version: int,
+                      provenance: set[tuple[int, str]], pushed_fingerprints: dict[int, str]) -> WeightSnapshot:
+    """The snapshot of ``version``, which generated rollout ``rollout_id``, checked by the guard against every
+    sample's ``provenance`` (its (version, engine fingerprint) pair) before its weights compute a denominator.
+
+    The snapshot's tensors are hashed again, in the trainer's layout, against their digests when it was taken, so a
+    wrong tensor under the right label fails. Intact, it holds what was pushed: its fingerprint is the push's.
+    Otherwise it is converted to the layout the engines received, so the fingerprint and the error name tensors as
+    the engines know them (against the push's digests)."""
+    snapshot = store.take_for_training(version, rollout_id)
+    differing = ()
+    if model.on_every_rank(digest_table(snapshot.state_dict) == snapshot.native_digests):  # TP: all agree
+        snapshot_fingerprint = pushed_fingerprints[snapshot.version]  # combine_digests(snapshot.digests)
+    else:
+        digests = digest_table(model.hf_tensors(snapshot.state_dict))
+        snapshot_fingerprint, differing = combine_digests(digests), differing_tensors(snapshot.digests, digests)
+    for sample_version, sample_fingerprint in provenance:
+        off_policy.check_snapshot_provenance(
+            rollout_id, sample_version, sample_fingerprint, snapshot.version, snapshot_fingerprint, differing)
+    referenced = [version] + [v for v in pushed_fingerprints if v > version]
+    off_policy.check_snapshot_count(rollout_id, store.versions(), referenced, limit=2)
+    return snapshot

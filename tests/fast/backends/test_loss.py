@@ -16,7 +16,9 @@ from miles.backends.training_utils.loss import (
     step_divisor,
     value_loss,
 )
+from miles.config.corrections import LOSS_HUB, InEffect
 from miles.utils.arguments import parse_args
+from tests.fast.backends.loss_configs import loss_config
 
 NAN = float("nan")
 BASE_METRICS = {"loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy_loss", "ess_ratio"}
@@ -83,7 +85,7 @@ def ref_token_kl(lp, ref, kind):
 
 def ref_policy_loss(cfg, batch, log_probs, entropy, divisor):
     """Sample by sample, token by token, in Python floats."""
-    denominators = batch["rollout_log_probs"] if cfg.use_rollout_logprobs else batch["old_log_probs"]
+    denominators = batch["rollout_log_probs"] if cfg.corrections.denominator == "rollout" else batch["old_log_probs"]
     total = 0.0
     for i, mask in enumerate(batch["loss_masks"]):
         keep = [t for t, m in enumerate(mask.tolist()) if m]
@@ -95,9 +97,9 @@ def ref_policy_loss(cfg, batch, log_probs, entropy, divisor):
         terms = []
         for t in keep:
             term = ref_token_pg(log_ratios[t], batch["advantages"][i][t].item(), cfg)
-            if cfg.use_tis:
+            if "tis" in cfg.corrections.labels:  # the built-in's default: clip mode, token level
                 raw = math.exp(batch["old_log_probs"][i][t].item() - batch["rollout_log_probs"][i][t].item())
-                term *= min(max(raw, cfg.tis_clip_low), cfg.tis_clip)
+                term *= min(max(raw, cfg.hook_args.tis_clip_low), cfg.hook_args.tis_clip)
             term -= cfg.entropy_coef * entropy[i][t].item()
             if cfg.use_kl_loss:
                 term += cfg.kl_loss_coef * ref_token_kl(lp[t], batch["ref_log_probs"][i][t].item(), cfg.kl_loss_type)
@@ -121,10 +123,12 @@ def test_loss_config_from_args_reads_exactly_its_fields():
                             "--eps-clip-high", "0.3", "--calculate-per-token-loss", "--use-kl-loss",
                             "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl"])
     cfg = LossConfig.from_args(args)
-    assert (cfg.advantage_estimator, cfg.use_tis, cfg.tis_clip, cfg.eps_clip, cfg.eps_clip_high) == (
-        "ppo", True, 3.0, 0.1, 0.3)
+    assert (cfg.advantage_estimator, cfg.eps_clip, cfg.eps_clip_high) == ("ppo", 0.1, 0.3)
     assert cfg.calculate_per_token_loss and cfg.use_kl_loss and cfg.kl_loss_type == "low_var_kl"
-    namespace = types.SimpleNamespace(**{f.name: getattr(LossConfig(), f.name) for f in dataclasses.fields(LossConfig)})
+    # the corrections come from the table's rows; their weight functions read the run's namespace
+    assert cfg.corrections == InEffect(("tis",), (f"{LOSS_HUB}.corrections.configured_tis_function",))
+    assert cfg.hook_args is args and cfg.hook_args.tis_clip == 3.0
+    namespace = parse_args(argv=[])
     namespace.eps_clip_high = None
     assert LossConfig.from_args(namespace).eps_clip_high == 0.2  # None → eps_clip
     del namespace.entropy_coef
@@ -136,15 +140,19 @@ def test_loss_config_from_args_reads_exactly_its_fields():
     "overrides,message",
     [
         ({"eps_clip_c": 1.0}, "must be > 1"),
-        ({"use_tis": True, "use_rollout_logprobs": True}, "exclude each other"),
         ({"kl_loss_type": "k9"}, "k1, k2, k3, low_var_kl"),
-        ({"tis_clip_low": 2.0}, "tis_clip_low < tis_clip"),
+        ({"get_mismatch_metrics": True}, "hook_args is None"),
         ({"advantage_estimator": "a2c"}, "grpo, gspo, ppo"),
     ],
 )
 def test_loss_config_rejects_invalid_combinations(overrides, message):
     with pytest.raises(ValueError, match=message):
         LossConfig(**overrides)
+
+
+def test_rows_that_exclude_each_other_are_refused_once_by_the_table():
+    with pytest.raises(ValueError, match="exclude each other"):
+        InEffect(("rollout_logprobs", "tis"))
 
 
 def test_step_divisor_counts_samples_or_unmasked_tokens():
@@ -196,8 +204,8 @@ CONFIGS = {
     "grpo_per_token": LossConfig(calculate_per_token_loss=True, eps_clip_high=0.28),
     "gspo": LossConfig(advantage_estimator="gspo", eps_clip=0.05, eps_clip_high=0.05),
     "dual_clip": LossConfig(eps_clip_c=1.5, eps_clip=0.1, eps_clip_high=0.1),
-    "tis": LossConfig(use_tis=True, tis_clip=1.1, tis_clip_low=0.9),
-    "rollout_denominator": LossConfig(use_rollout_logprobs=True),
+    "tis": loss_config("--use-tis", "--tis-clip", "1.1", "--tis-clip-low", "0.9"),
+    "rollout_denominator": loss_config("--use-rollout-logprobs"),
     "kl_entropy": LossConfig(use_kl_loss=True, kl_loss_coef=0.3, kl_loss_type="k3", entropy_coef=0.01),
     "kl_k2_per_token": LossConfig(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="k2",
                                   calculate_per_token_loss=True),
@@ -223,7 +231,7 @@ def test_policy_loss_metric_names_follow_the_features():
     no_rollout = dict(batch, rollout_log_probs=None)
     assert set(policy_loss(LossConfig(), no_rollout, log_probs, entropy, 8)[1]) == BASE_METRICS
     assert set(policy_loss(LossConfig(), batch, log_probs, entropy, 8)[1]) == BASE_METRICS | ROLLOUT_METRICS
-    for cfg in (LossConfig(use_tis=True), LossConfig(get_mismatch_metrics=True)):
+    for cfg in (loss_config("--use-tis"), loss_config(get_mismatch_metrics=True)):
         assert set(policy_loss(cfg, batch, log_probs, entropy, 8)[1]) == BASE_METRICS | ROLLOUT_METRICS | TIS_METRICS
     kl_metrics = policy_loss(LossConfig(use_kl_loss=True), batch, log_probs, entropy, 8)[1]
     assert set(kl_metrics) == BASE_METRICS | ROLLOUT_METRICS | {"kl_loss"}
@@ -237,7 +245,7 @@ def test_metrics_leave_fully_masked_samples_out():
         "rollout_log_probs": [torch.tensor([0.0, 0.0]), torch.zeros(3)],
     }
     log_probs = [torch.zeros(2), torch.zeros(3)]
-    loss, metrics = policy_loss(LossConfig(use_tis=True), batch, log_probs, None, step_divisor=2.0)
+    loss, metrics = policy_loss(loss_config("--use-tis"), batch, log_probs, None, step_divisor=2.0)
     assert loss.item() == pytest.approx(-1.0 / 2)  # the empty sample still counts in the step's divisor
     assert metrics["pg_loss"] == -1.0 and metrics["tis"] == 1.0 and metrics["ess_ratio"] == 1.0
     empty = {key: value[1:] for key, value in batch.items()}
@@ -254,7 +262,7 @@ def test_policy_loss_metrics_are_sample_means():
     }
     log_probs = [torch.tensor([0.0, math.log(2.0)]), torch.tensor([0.0, 0.0])]
     entropy = [torch.tensor([1.0, 3.0]), torch.tensor([5.0, 100.0])]
-    cfg = LossConfig(use_tis=True, use_kl_loss=True, kl_loss_coef=0.5, entropy_coef=0.1)
+    cfg = loss_config("--use-tis", use_kl_loss=True, kl_loss_coef=0.5, entropy_coef=0.1)
     _, metrics = policy_loss(cfg, batch, log_probs, entropy, 2)
     # tis raw = exp(old − roll): sample 0 [1, 4], sample 1 [0.5]; clamped at 2 → clipfrac [0, 1], [0]
     assert metrics["tis"] == pytest.approx((2.5 + 0.5) / 2)
@@ -280,8 +288,8 @@ def test_gradients_reach_only_the_model_outputs():
     batch = dict(batch, **constants)
     theta = torch.zeros(3, 4, dtype=torch.float64, requires_grad=True)
     log_probs, entropy, values = model_outputs(features, theta)
-    cfg = LossConfig(use_tis=True, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
-                     use_unbiased_kl=True, entropy_coef=0.01)
+    cfg = loss_config("--use-tis", use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", use_unbiased_kl=True,
+                      entropy_coef=0.01)
     loss = policy_loss(cfg, batch, log_probs, entropy, 8)[0] + value_loss(cfg, batch, values, 8)[0]
     loss.backward()
     assert all(row.abs().sum() > 0 for row in theta.grad)  # log_probs, entropy and values all get a gradient
@@ -295,8 +303,8 @@ def test_rollout_equal_to_old_gives_the_same_loss_in_all_three_modes():
     results = {}
     for mode, cfg, mode_batch in [
         ("recomputed", LossConfig(), batch),
-        ("rollout", LossConfig(use_rollout_logprobs=True), dict(batch, old_log_probs=None)),
-        ("tis", LossConfig(use_tis=True), batch),
+        ("rollout", loss_config("--use-rollout-logprobs"), dict(batch, old_log_probs=None)),
+        ("tis", loss_config("--use-tis"), batch),
     ]:
         theta = torch.full((3, 4), 0.1, dtype=torch.float64, requires_grad=True)
         log_probs, entropy, _ = model_outputs(features, theta)
@@ -334,8 +342,9 @@ def accumulated_gradient(loss_fn, features, batch, micro_batch_size, divisor):
 )
 def test_micro_batching_gives_the_same_accumulated_gradient(seed, per_token, estimator, use_tis, kl_loss_type):
     features, batch = make_rollout(seed, num_samples=8)
-    cfg = LossConfig(advantage_estimator=estimator, calculate_per_token_loss=per_token, use_tis=use_tis,
-                     use_kl_loss=True, kl_loss_coef=0.2, kl_loss_type=kl_loss_type, entropy_coef=0.05)
+    cfg = loss_config(*(["--use-tis"] if use_tis else []), advantage_estimator=estimator,
+                      calculate_per_token_loss=per_token, use_kl_loss=True, kl_loss_coef=0.2, kl_loss_type=kl_loss_type,
+                      entropy_coef=0.05)
     divisor = step_divisor(batch["loss_masks"], per_token)
 
     def policy(mb_batch, outputs, mb_divisor):
@@ -364,8 +373,8 @@ def test_extreme_log_ratios_keep_loss_metrics_and_gradients_finite(seed, gap, es
     batch["ref_log_probs"][0] = batch["ref_log_probs"][0] + finite_gap
     theta = torch.zeros(3, 4, dtype=torch.float64, requires_grad=True)
     log_probs, entropy, _ = model_outputs(features, theta)
-    cfg = LossConfig(advantage_estimator=estimator, get_mismatch_metrics=True, use_kl_loss=True,
-                     kl_loss_coef=0.1, kl_loss_type="low_var_kl", eps_clip_c=3.0)
+    cfg = loss_config(advantage_estimator=estimator, get_mismatch_metrics=True, use_kl_loss=True, kl_loss_coef=0.1,
+                      kl_loss_type="low_var_kl", eps_clip_c=3.0)
     loss, metrics = policy_loss(cfg, batch, log_probs, entropy, 8)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(theta.grad).all()
@@ -382,7 +391,7 @@ def test_non_finite_values_at_masked_positions_change_nothing():
     poisoned = {key: [torch.where(m != 0, t, torch.full_like(t, NAN)) for t, m in zip(batch[key], batch["loss_masks"])]
                 for key in batch if key != "loss_masks"}
     poisoned["loss_masks"] = batch["loss_masks"]
-    cfg = LossConfig(use_tis=True, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3", entropy_coef=0.1)
+    cfg = loss_config("--use-tis", use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3", entropy_coef=0.1)
     grads = []
     for mode_batch in (batch, poisoned):
         theta = torch.full((3, 4), 0.3, dtype=torch.float64, requires_grad=True)
@@ -419,9 +428,9 @@ def test_missing_or_mismatched_inputs_are_named():
     with pytest.raises(ValueError, match="old_log_probs'] is missing"):
         policy_loss(LossConfig(), dict(batch, old_log_probs=None), log_probs, entropy, 8)
     with pytest.raises(ValueError, match="rollout_log_probs'] is missing"):
-        policy_loss(LossConfig(use_rollout_logprobs=True), dict(batch, rollout_log_probs=None), log_probs, None, 8)
+        policy_loss(loss_config("--use-rollout-logprobs"), dict(batch, rollout_log_probs=None), log_probs, None, 8)
     with pytest.raises(ValueError, match="rollout_log_probs'] is missing"):
-        policy_loss(LossConfig(use_tis=True), dict(batch, rollout_log_probs=None), log_probs, None, 8)
+        policy_loss(loss_config("--use-tis"), dict(batch, rollout_log_probs=None), log_probs, None, 8)
     with pytest.raises(ValueError, match="ref_log_probs'] is missing"):
         policy_loss(LossConfig(use_kl_loss=True), dict(batch, ref_log_probs=None), log_probs, None, 8)
     with pytest.raises(ValueError, match="no entropy was passed"):

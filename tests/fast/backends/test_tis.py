@@ -12,11 +12,13 @@ import sys
 import pytest
 import torch
 
-from miles.backends.training_utils.loss import LossConfig, policy_loss, step_divisor
+from miles.backends.training_utils.loss import policy_loss, step_divisor
 from miles.backends.training_utils.loss_hub import corrections
-from miles.backends.training_utils.tis import TISChoice, opsm_keep, tis_weights
+from miles.backends.training_utils.loss_hub.math_utils import opsm_keep
+from miles.backends.training_utils.loss_hub.tis import TISChoice, tis_weights
 from miles.config.corrections import TIS_LEVELS, TIS_MODES
 from miles.utils.errors import MilesConfigError
+from tests.fast.backends.loss_configs import loss_config
 
 TOL = 1e-6
 
@@ -203,8 +205,8 @@ def hook_inputs(seed: int):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_upstream_builtins_equal_upstream_formulas(name, seed):
     old, roll, masks, kwargs = hook_inputs(seed)
-    args = LossConfig(use_tis=True, tis_clip=1.3, tis_clip_low=0.7)
-    function = corrections.load_tis_function(f"miles.backends.training_utils.loss_hub.corrections.{name}")
+    args = loss_config("--use-tis", "--tis-clip", "1.3", "--tis-clip-low", "0.7").hook_args
+    function = corrections.load_weight_function(f"miles.backends.training_utils.loss_hub.corrections.{name}")
     pg, out_masks, metrics = function(args, **kwargs)
     ratios = [math.exp(a - b) for o, r in zip(old, roll) for a, b in zip(o, r)]
     if name == "vanilla_tis_function":  # upstream: clamp(exp(train − rollout), tis_clip_low, tis_clip)
@@ -232,7 +234,7 @@ def test_a_user_function_loaded_by_path_is_the_loss_entry_point(tmp_path, monkey
         "rollout_log_probs": [torch.zeros(2), torch.zeros(1)],
     }
     log_probs = [torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)]
-    cfg = LossConfig(use_tis=True, custom_tis_function_path="my_tis.half", tis_clip=3.0)
+    cfg = loss_config("--use-tis", "--custom-tis-function-path", "my_tis.half", "--tis-clip", "3.0")
     loss, metrics = policy_loss(cfg, batch, log_probs, None, step_divisor=2.0)
     # ratio 1 everywhere: pg = −A; halved; sample 0 keeps only its second token: (−0.5 + 0.5) / 2
     assert loss.item() == pytest.approx((-0.5 + 0.5) / 2)
@@ -249,7 +251,7 @@ def test_a_user_function_loaded_by_path_is_the_loss_entry_point(tmp_path, monkey
 ])
 def test_a_bad_path_names_the_value_the_rule_and_the_fix(path, needle):
     with pytest.raises(MilesConfigError, match=needle) as info:
-        corrections.load_tis_function(path)
+        corrections.load_weight_function(path)
     assert repr(path) in str(info.value) and "icepop_function" in str(info.value)
 
 
@@ -260,7 +262,8 @@ def test_policy_loss_with_each_builtin_choice_matches_the_reference(mode, level)
     lp = [[x + rng.gauss(0, 0.1) for x in row] for row in old]
     adv = [[rng.gauss(0, 1)] * n for n in lengths]
     low = 0.0 if mode == "truncate" else 0.8
-    cfg = LossConfig(use_tis=True, tis_mode=mode, tis_level=level, tis_clip_low=low, tis_clip=1.25)
+    cfg = loss_config("--use-tis", "--tis-mode", mode, "--tis-level", level, "--tis-clip-low", str(low),
+                      "--tis-clip", "1.25")
     as_tensors = lambda rows: [torch.tensor(r, dtype=torch.float64) for r in rows]  # noqa: E731
     batch = {"loss_masks": as_tensors(masks), "advantages": as_tensors(adv), "old_log_probs": as_tensors(old),
              "rollout_log_probs": as_tensors(roll)}

@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.train_model import TrainModel
-from miles.backends.training_utils.train_process import _TrainProcess, run_optimizer_steps
+from miles.backends.train_process import _TrainProcess
+from miles.backends.training_utils.optimizer_steps import run_optimizer_steps
 from miles.utils.arguments import parse_args
 from miles.utils.errors import DivergenceError, MilesConfigError, OffPolicyGuardError
 from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, train_on, weights
@@ -319,13 +320,13 @@ def test_an_exact_resume_restores_the_pushes_and_pushes_the_engines_version_agai
 
     resumed = policy_trainer(embedded, "--keep-old-actor", *save)
     assert resumed.init(exact_resume=True) == 2
-    assert resumed.version_to_rollouts_trained == {1: 0, 2: 1, 3: 2}
-    assert resumed.pushed_fingerprints == trainer.pushed_fingerprints
+    assert resumed.exporter.version_to_rollouts_trained == {1: 0, 2: 1, 3: 2}
+    assert resumed.exporter.pushed_fingerprints == trainer.exporter.pushed_fingerprints
     repushed = resumed.export_weights(rollouts_trained=2)
     assert (repushed["version"], repushed["fingerprint"]) == (3, pushed["fingerprint"])
-    assert resumed.snapshots.versions() == trainer.snapshots.versions() == [2, 3]
-    for name, tensor in trainer.snapshots.get(2).state_dict.items():
-        assert torch.equal(resumed.snapshots.get(2).state_dict[name], tensor), name
+    assert resumed.exporter.snapshots.versions() == trainer.exporter.snapshots.versions() == [2, 3]
+    for name, tensor in trainer.exporter.snapshots.get(2).state_dict.items():
+        assert torch.equal(resumed.exporter.snapshots.get(2).state_dict[name], tensor), name
     # The carried rollout passes the same guard as in the straight run: version 2, one rollout stale.
     metrics = train_on(resumed, 2, rollouts[2], expected_staleness=1)
     assert metrics == {**train_on(trainer, 2, rollouts[2], expected_staleness=1),

@@ -131,7 +131,7 @@ def test_every_arm_is_a_launch_the_driver_takes_with_its_correction(arm):
 
     driver, flags = ablation.ARMS[arm]
     args = parse_args(argv=ablation.training_argv(2, flags))
-    assert corrections.label_in_effect(corrections.chosen_labels(args)) == EXPECTED_CORRECTION[arm]
+    assert corrections.in_effect(args).label == EXPECTED_CORRECTION[arm]
     if arm in ablation.CONTRACT_OFF_ARMS:  # async, refused unless the bench switches the contract off
         with pytest.raises(AsyncOffPolicyCorrectionError):
             validate_async_off_policy_correction(args)

@@ -63,20 +63,21 @@ def test_a_row_added_in_a_test_is_accepted_by_the_validator_miles_check_and_the_
     assert "--use-new-fix" in str(caught.value) and NEW.does in str(caught.value)
     # the parser has the flag, and the launch passes every rule
     args = parse_args(argv=["--advantage-estimator", "ppo", "--use-new-fix"])
-    assert args.use_new_fix is True and corrections.chosen_labels(args) == ("new_fix",)
+    assert args.use_new_fix is True and corrections.in_effect(args).labels == ("new_fix",)
     # miles-check, on the same argument list
     verdict = check_launch(["--advantage-estimator", "ppo", "--use-new-fix"])
     assert verdict.status == "OK" and verdict.contract == "contract: OK (--use-new-fix)", verdict
     refused = check_launch(["--advantage-estimator", "ppo"])
     assert refused.status == "REJECTED"
     # the per-batch guard: a stale PPO rollout with the new row in effect trains; without any row it does not
-    check_correction_per_batch(3, 1, True, ("new_fix",))
+    check_correction_per_batch(3, 1, True, corrections.InEffect(("new_fix",)))
     with pytest.raises(OffPolicyGuardError, match="in effect: none"):
-        check_correction_per_batch(3, 1, True, ())
+        check_correction_per_batch(3, 1, True, corrections.InEffect())
     # the trainer's view of it: re-weights the current actor's recompute, needs the engine's log-probs
-    assert corrections.label_in_effect(("new_fix",)) == "new_fix"
-    assert corrections.denominator(("new_fix",)) == corrections.CURRENT
-    assert corrections.needs_rollout_log_probs(("new_fix",))
+    new_fix = corrections.InEffect(("new_fix",))
+    assert new_fix.label == "new_fix"
+    assert new_fix.denominator == corrections.CURRENT
+    assert new_fix.needs_rollout_log_probs
     # the plots: its page shows its panels first
     series = {"off_policy/new_fix_weight": ([0, 1], [0.5, 1.5]), "off_policy/staleness_max": ([0, 1], [0.0, 1.0])}
     assert off_policy_panels(series, "new_fix")[:2] == ["off_policy/new_fix_weight", "off_policy/staleness_max"]
@@ -92,7 +93,7 @@ def test_a_row_that_does_not_satisfy_the_contract_is_refused_by_the_validator_an
     assert "--use-mask-only is set, but it is not one: its ratio is still the current actor's." in str(caught.value)
     assert "--use-mask-only" not in contract_message()
     with pytest.raises(OffPolicyGuardError, match="in effect: mask_only"):
-        check_correction_per_batch(3, 1, True, ("mask_only",))
+        check_correction_per_batch(3, 1, True, corrections.InEffect(("mask_only",)))
 
 
 @pytest.mark.parametrize(("labels", "source"), [
@@ -101,7 +102,7 @@ def test_a_row_that_does_not_satisfy_the_contract_is_refused_by_the_validator_an
 ])
 def test_the_denominator_of_a_combination(labels, source):
     # docs/design.md §3: the engine's log-probs replace any recompute; a snapshot replaces the current actor
-    assert corrections.denominator(labels) == source
+    assert corrections.InEffect(labels).denominator == source
 
 
 def test_an_unknown_label_names_the_table():

@@ -1,37 +1,41 @@
 """The async contract enforced on every batch (``off_policy.check_correction_per_batch`` in ``PolicyTrainer.prepare``):
 a stale PPO rollout without a behavior-policy correction is refused before any weight changes, whoever called the
-trainer; only a subclass that overrides ``_check_contract`` (bench/correction_ablation.py's, in its own process) gets
-through, and no flag or variable reaches it."""
+trainer; only a subclass whose guard overrides ``BatchGuard.check_contract`` (bench/correction_ablation.py's, in its
+own process) gets through, and no flag or variable reaches it."""
 
 import itertools
 
 import pytest
 import torch
 
-from miles.backends.training_utils.train_process import PolicyTrainer
+from miles.backends.train_process import PolicyTrainer
+from miles.config.corrections import InEffect
+from miles.guard.batch import BatchGuard
 from miles.guard.off_policy import check_correction_per_batch
 from miles.utils.arguments import build_parser
 from miles.utils.errors import OffPolicyGuardError
-from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, weights
+from tests.fast.trainers import engine_with, make_rollout, max_change, policy_trainer, trainer_args, weights
 
 
 LABELS = ("rollout_logprobs", "tis", "keep_old_actor")  # the shipped table's rows, written out here
 
 
-@pytest.mark.parametrize("chosen", [c for size in range(4) for c in itertools.combinations(LABELS, size)])
+# every combination a launch can choose (two rows that exclude each other never reach the trainer: InEffect refuses)
+@pytest.mark.parametrize("chosen", [c for size in range(4) for c in itertools.combinations(LABELS, size)
+                                    if not {"rollout_logprobs", "tis"} <= set(c)])
 @pytest.mark.parametrize("use_critic", [False, True])
 @pytest.mark.parametrize("staleness", [0, 1, 3])
 def test_only_stale_uncorrected_ppo_is_refused(staleness, use_critic, chosen):
     refused = use_critic and staleness > 0 and not chosen
     if refused:
         with pytest.raises(OffPolicyGuardError) as caught:
-            check_correction_per_batch(7, staleness, use_critic, chosen)
+            check_correction_per_batch(7, staleness, use_critic, InEffect(chosen))
         message = str(caught.value)
         assert f"rollout 7 is {staleness} rollout(s) stale" in message
         for flag in ("correction in effect: none", "--use-rollout-logprobs", "--use-tis", "--keep-old-actor"):
             assert flag in message
     else:
-        check_correction_per_batch(7, staleness, use_critic, chosen)
+        check_correction_per_batch(7, staleness, use_critic, InEffect(chosen))
 
 
 def _stale_rollout(embedded, trainer):
@@ -46,13 +50,14 @@ def _stale_rollout(embedded, trainer):
 
 @pytest.mark.usefixtures("restore_torch_threads")
 def test_prepare_refuses_a_stale_uncorrected_ppo_rollout_before_any_weight_changes(embedded, monkeypatch):
-    trainer = policy_trainer(embedded, "--advantage-estimator", "ppo")
-    rollout, values = _stale_rollout(embedded, trainer)
-    before = weights(trainer)
     # Neither an attribute on args nor an environment variable of a switch's name lets it through.
-    trainer.args.allows_uncorrected_stale_ppo = True
+    args = trainer_args(embedded, "--advantage-estimator", "ppo")
+    args.allows_uncorrected_stale_ppo = True
     monkeypatch.setenv("ALLOWS_UNCORRECTED_STALE_PPO", "1")
     monkeypatch.setenv("MILES_ALLOWS_UNCORRECTED_STALE_PPO", "1")
+    trainer = PolicyTrainer(args, num_threads=1)
+    rollout, values = _stale_rollout(embedded, trainer)
+    before = weights(trainer)
     with pytest.raises(OffPolicyGuardError, match=r"rollout 1 is 1 rollout\(s\) stale.*in effect: none"):
         trainer.prepare(1, rollout, expected_staleness=1, values=values)
     with pytest.raises(RuntimeError, match="rollout 1 is not trained: its prepare failed"):
@@ -62,11 +67,14 @@ def test_prepare_refuses_a_stale_uncorrected_ppo_rollout_before_any_weight_chang
 
 @pytest.mark.usefixtures("restore_torch_threads")
 def test_the_benchmarks_subclass_and_a_correction_get_through(embedded):
-    class UncorrectedAblationTrainer(PolicyTrainer):
-        def _check_contract(self, rollout_id, staleness):
+    class ContractOffGuard(BatchGuard):
+        def check_contract(self, rollout_id, staleness):
             pass
 
-    from tests.fast.trainers import trainer_args
+    class UncorrectedAblationTrainer(PolicyTrainer):
+        def __init__(self, args, num_threads=1):
+            super().__init__(args, num_threads)
+            self.guard = ContractOffGuard(self.guard.config)
 
     bench = UncorrectedAblationTrainer(trainer_args(embedded, "--advantage-estimator", "ppo"), num_threads=1)
     rollout, values = _stale_rollout(embedded, bench)

@@ -27,12 +27,11 @@ from miles.guard.off_policy import (
     check_snapshot_count,
     check_snapshot_provenance,
     check_staleness,
-    denominator_vs_behavior,
     expected_staleness,
-    policy_vs_behavior,
     sample_staleness,
 )
-from miles.config.corrections import chosen_labels, label_in_effect
+from miles.backends.training_utils.loss_hub.mismatch import denominator_vs_behavior, policy_vs_behavior
+from miles.config.corrections import in_effect
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError, OffPolicyGuardError
 
@@ -410,7 +409,7 @@ def test_policy_vs_behavior_hand_computed():
 )
 def test_the_label_in_effect(use_rollout_logprobs, use_tis, keep_old_actor, label):
     args = SimpleNamespace(use_rollout_logprobs=use_rollout_logprobs, use_tis=use_tis, keep_old_actor=keep_old_actor)
-    assert label_in_effect(chosen_labels(args)) == label
+    assert in_effect(args).label == label
 
 
 @pytest.mark.parametrize("keep_old_actor", [False, True])

@@ -20,7 +20,7 @@ import torch
 from miles.backends import load_train_model
 from miles.backends.megatron_backend.qwen2 import hf_to_megatron, megatron_to_hf
 from miles.backends.megatron_backend.tensor_parallel import shard_state, unshard_tensor
-from miles.backends.training_utils.train_process import ValueTrainer
+from miles.backends.train_process import ValueTrainer
 from miles.guard.fingerprint import weights_fingerprint
 from miles.utils.errors import OffPolicyGuardError
 from miles.utils.types import Sample
@@ -185,7 +185,7 @@ def test_keep_old_actor_snapshots_give_the_engines_log_probs_and_catch_a_corrupt
     assert metrics["off_policy/policy_behavior_abs_diff"] > 1e-3  # the live weights moved away from version 1
 
     third = make_rollout(embedded, engine_with(embedded, trainer.export_weights(rollouts_trained=2)), 2)
-    snapshot = trainer.snapshots._snapshots[3]
+    snapshot = trainer.exporter.snapshots._snapshots[3]
     snapshot.state_dict["decoder.layers.1.self_attention.linear_qkv.weight"][0, 0] += 1e-3  # a fused Megatron shard
     with pytest.raises(OffPolicyGuardError, match="whose weights now have fingerprint") as caught:
         trainer.prepare(2, third, expected_staleness=0)

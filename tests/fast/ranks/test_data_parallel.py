@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from miles.backends.training_utils.micro_batches import balanced_order
-from miles.backends.training_utils.train_process import run_optimizer_steps
+from miles.backends.training_utils.optimizer_steps import run_optimizer_steps
 from miles.ranks.data_parallel import DataParallelRank, SingleRank
 
 NUM_SAMPLES, GLOBAL_BATCH = 8, 4

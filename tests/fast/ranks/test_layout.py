@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from miles.backends.training_utils.train_process import run_optimizer_steps
+from miles.backends.training_utils.optimizer_steps import run_optimizer_steps
 from miles.ranks.data_parallel import DataParallelRank
 from miles.ranks.layout import RoleLayout, train_layouts
 from miles.utils.arguments import parse_args

@@ -14,7 +14,7 @@ per sample. It returns the re-weighted ``pg_loss`` (same shape), the loss masks 
 the run's argparse namespace (the loss configuration when the loss is called without one). Any such function is
 applied only under ``--use-tis`` (docs/corrections.md).
 
-The functions here read their scalars from ``args`` and delegate at once to the pure math of ``tis.py``:
+The functions here read their scalars from ``args`` and delegate at once to the pure math of ``tis.py`` (the TIS row's module):
 ``vanilla_tis_function`` w = clamp(r, tis_clip_low, tis_clip), ``icepop_function`` w = r inside [tis_clip_low,
 tis_clip] and 0 outside, with r = exp(train − rollout) per token (upstream's formulas); ``configured_tis_function``
 the built-in of --tis-mode / --tis-level / --rs-level / --rs-veto-threshold (the default under --use-tis).
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from miles.backends.training_utils.loss_hub.math_utils import pad_samples, valid_positions
-from miles.backends.training_utils.tis import TISChoice, bounded_weights, level_ratio, tis_weights
+from miles.backends.training_utils.loss_hub.tis import TISChoice, bounded_weights, level_ratio, tis_weights
 from miles.config.hooks import load_function
 
 BUILTIN_PREFIX = __name__  # "miles.backends.training_utils.loss_hub.corrections"
@@ -83,6 +83,11 @@ def tis_choice(args) -> TISChoice:
                      veto_threshold=args.rs_veto_threshold)
 
 
+def builtin_tis_choice(args) -> TISChoice | None:
+    """The built-in TIS whose drop fractions the mismatch report shows; None when a hook replaces it."""
+    return None if args.custom_tis_function_path else tis_choice(args)
+
+
 def configured_tis_function(
     args, *, pg_loss: torch.Tensor, train_log_probs: list[torch.Tensor], rollout_log_probs: list[torch.Tensor],
     loss_masks: list[torch.Tensor], **kwargs: Any,
@@ -103,9 +108,7 @@ def configured_tis_function(
     return pg_loss * weights.to(pg_loss.dtype), [m * k for m, k in zip(loss_masks, kept_masks, strict=True)], metrics
 
 
-def load_tis_function(path: str | None):
-    """The TIS function named by ``--custom-tis-function-path`` (a dotted path ``package.module.function``), or
-    ``configured_tis_function`` when ``path`` is None. A bad path is a ``MilesConfigError`` naming it."""
-    if path is None:
-        return configured_tis_function
+def load_weight_function(path: str):
+    """The weight function a corrections row names (``package.module.function``, its ``weights``), or the
+    ``--custom-tis-function-path`` that replaces it (checked at startup). A bad path is a ``MilesConfigError``."""
     return load_function("--custom-tis-function-path", path, f"{BUILTIN_PREFIX}.icepop_function")

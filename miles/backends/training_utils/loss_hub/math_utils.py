@@ -382,6 +382,21 @@ def compute_gspo_kl(
     return torch.cat(per_sample)
 
 
+def opsm_keep(
+    denominator: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, delta: float
+) -> torch.Tensor:
+    """OPSM, ``(B, T)`` bool: False where A_t < 0 and the sequence's κ exceeds ``delta``.
+
+        keep_t = ¬(A_t < 0 ∧ κ_i > δ),   κ_i = Σ_s m_s·(den_s − lp_s) / max(Σ_s m_s, 1)
+    ``denominator`` is the PPO ratio's denominator ("old"), ``log_probs`` the current policy's. Upstream's rule per
+    token (with GRPO every token of a sequence has the same advantage; with PPO's GAE they may differ). Source:
+    DeepSeek-V3.2 (https://arxiv.org/abs/2512.02556), upstream ``compute_opsm_mask``."""
+    with torch.no_grad():
+        row_sum, count = _row_sum_and_count(denominator - log_probs, mask)
+        kappa = (row_sum / count.clamp_min(1.0)).unsqueeze(-1)  # (B, 1)
+        return ~((advantages < 0) & (kappa > delta))
+
+
 def compute_opsm_mask(
     args,
     full_log_probs: list[torch.Tensor],
@@ -389,13 +404,11 @@ def compute_opsm_mask(
     advantages: list[torch.Tensor],
     loss_masks: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """OPSM with upstream's signature (``args.opsm_delta`` is δ): per-sample lists in, the ``tis.opsm_keep`` rule.
+    """OPSM with upstream's signature (``args.opsm_delta`` is δ): per-sample lists in, the ``opsm_keep`` rule.
 
     Returns ``(opsm_mask, opsm_clipfrac)``: the per-token keep mask of all samples concatenated, 0.0 where
     A_t < 0 and the sample's κ = Σ m·(old − lp) / max(Σ m, 1) exceeds δ, else 1.0; and
     Σ_i (masked tokens of i) / max(Σ m_i, 1), upstream's sum of each sample's fraction of masked tokens."""
-    from miles.backends.training_utils.tis import opsm_keep  # tis.py imports this module's constants
-
     valid = valid_positions([lp.numel() for lp in full_log_probs])
     masks = pad_samples([m.detach().to(full_log_probs[0].dtype) for m in loss_masks], valid)
     keep = opsm_keep(pad_samples([o.detach() for o in full_old_log_probs], valid),

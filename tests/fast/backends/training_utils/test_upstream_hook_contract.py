@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from examples.tis_hook.cp_tis import compute_tis_weights_with_cp
-from miles.backends.training_utils.loss import LossConfig, policy_loss
+from miles.backends.training_utils.loss import policy_loss
 from miles.backends.training_utils.loss_hub import corrections
 from miles.backends.training_utils.parallel import get_parallel_state
+from tests.fast.backends.loss_configs import loss_config
 
 
 def test_the_hook_receives_upstreams_full_keyword_set(tmp_path, monkeypatch):
@@ -25,7 +26,7 @@ def test_the_hook_receives_upstreams_full_keyword_set(tmp_path, monkeypatch):
     batch = {"loss_masks": [torch.ones(2), torch.ones(3)], "advantages": [torch.ones(2), torch.ones(3)],
              "old_log_probs": [torch.zeros(2), torch.zeros(3)], "rollout_log_probs": [torch.zeros(2), torch.zeros(3)],
              "total_lengths": [6, 9]}
-    cfg = LossConfig(use_tis=True, custom_tis_function_path="recording_tis.record")
+    cfg = loss_config("--use-tis", "--custom-tis-function-path", "recording_tis.record")
     policy_loss(cfg, batch, [torch.zeros(2, requires_grad=True), torch.zeros(3, requires_grad=True)], None, 2.0)
     seen = sys.modules.pop("recording_tis").seen
     assert seen["total_lengths"] == [6, 9] and seen["response_lengths"] == [2, 3]
@@ -51,7 +52,7 @@ def _inputs(seed: int):
 def test_the_example_hook_equals_the_builtin_truncate_on_the_loss_tokens(seed):
     kwargs = _inputs(seed)
     pg, masks, metrics = compute_tis_weights_with_cp(_hook_args(False), **kwargs)
-    builtin = LossConfig(use_tis=True, tis_mode="truncate", tis_clip=1.2)
+    builtin = loss_config("--use-tis", "--tis-mode", "truncate", "--tis-clip", "1.2").hook_args
     expected, builtin_masks, _ = corrections.configured_tis_function(builtin, **kwargs)
     kept = torch.cat(kwargs["loss_masks"]) != 0  # the hook writes 0 off the mask, where the loss never looks
     torch.testing.assert_close(pg[kept], expected[kept], rtol=2**-22, atol=1e-7)

@@ -1,4 +1,4 @@
-"""The mismatch metrics of miles/guard/mismatch.py against hand-computed values and a plain-Python reference."""
+"""The mismatch metrics of miles/backends/training_utils/loss_hub/mismatch.py against hand-computed values and a plain-Python reference."""
 
 import math
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from miles.backends.training_utils.tis import TISChoice
-from miles.guard.mismatch import mismatch_report
+from miles.backends.training_utils.loss_hub.tis import TISChoice
+from miles.backends.training_utils.loss_hub.mismatch import mismatch_report
 
 TOL = 1e-6  # float64 sums of a few dozen terms: rounding ~1e-15; a wrong formula is off by O(0.01)
 

@@ -1,4 +1,5 @@
-"""Pure math of the importance-sampling family and of OPSM (docs/corrections.md has each formula with a worked example).
+"""Pure math of the importance-sampling family, the TIS row's (docs/corrections.md has each formula with a worked
+example); its hook-signature entry points are in ``corrections.py``, its per-rollout metrics in ``mismatch.py``.
 
 Tensors and scalars in, tensors out: no ``args``. Inputs are padded ``(B, T)`` tensors with a 0/1 or bool ``mask``
 (True at the tokens that count); masked positions never reach a result. Everything here is a constant of the loss
@@ -15,11 +16,9 @@ Per token t of sequence i, with the log ratio d_t = old_t − roll_t (log π_old
                mask:       keep = 1[low ≤ r ≤ high],      w = r·keep      (IcePop at the token level)
     rejection  (rs_level set)  keep ∧= 1[rs_low ≤ r^rs ≤ rs_high],  r^rs the ratio at rs_level
     veto       (threshold τ)   keep ∧= 1[no token s of the sequence has exp(d_s) < τ]
-    OPSM       (delta δ)       keep_t = ¬(A_t < 0 ∧ κ_i > δ),  κ_i = Σ_s m_s·(den_s − lp_s) / max(Σ_s m_s, 1)
 
 Sources: TIS (https://fengyao.notion.site/off-policy-rl), IcePop (https://arxiv.org/abs/2510.18855), MIS and the veto
-(upstream miles ``examples/train_infer_mismatch_helper/mis.py``), geometric masking (SkyRL), OPSM (DeepSeek-V3.2,
-https://arxiv.org/abs/2512.02556; upstream ``compute_opsm_mask``).
+(upstream miles ``examples/train_infer_mismatch_helper/mis.py``), geometric masking (SkyRL).
 
 Departures from upstream: the veto acts whether or not a rejection level is set (upstream's MIS applies it only
 inside its rejection branch); the ratios here clamp the log ratio to ±20 (MIS's safety bound) also at the token
@@ -112,19 +111,6 @@ def veto_keep(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> 
     with torch.no_grad():
         catastrophic = (mask != 0) & (torch.nan_to_num(log_ratio, nan=0.0) < math.log(threshold))
         return (~catastrophic.any(dim=-1, keepdim=True)).expand_as(log_ratio)
-
-
-def opsm_keep(
-    denominator: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, delta: float
-) -> torch.Tensor:
-    """OPSM, ``(B, T)`` bool: False where A_t < 0 and the sequence's κ = mean_t(den − lp) exceeds ``delta``.
-
-    ``denominator`` is the PPO ratio's denominator ("old"), ``log_probs`` the current policy's. Upstream's rule per
-    token (with GRPO every token of a sequence has the same advantage; with PPO's GAE they may differ)."""
-    with torch.no_grad():
-        count = (mask != 0).sum(dim=-1, keepdim=True).clamp_min(1).to(denominator.dtype)
-        kappa = _masked_row_sum(denominator - log_probs, mask) / count  # (B, 1)
-        return ~((advantages < 0) & (kappa > delta))
 
 
 @dataclass(frozen=True)
