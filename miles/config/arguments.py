@@ -20,7 +20,7 @@ from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
 from miles.conformance.departures import upstream_choice
 from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
-from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
+from miles.config.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 
 
 def contract_message(args=None) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from miles.utils.errors import MilesConfigError
+from miles.config.errors import MilesConfigError
 
 SEED_MAX = 2**31 - 1  # random, numpy and torch all accept [0, 2**31 - 1]; the critic seeds with --seed + 1
 
