@@ -18,7 +18,7 @@ from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags, refused
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
-from miles.conformance.departures import upstream_choice
+from miles.config.departures import upstream_choice
 from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
 from miles.config.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 

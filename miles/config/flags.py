@@ -3,7 +3,7 @@
 Flag names follow upstream miles (kebab-case on the command line, snake_case on ``args``). Every flag has a
 default, and the defaults train the embedded default (a tiny model on digit addition, see
 ``docs/embedded_default.md``) on a CPU, so ``python train_async.py`` alone runs. Where a default departs from
-upstream, it is listed in ``miles/conformance/departures.toml`` (rendered into ``--help`` and the docs, and checked
+upstream, it is listed in ``miles/config/departures.toml`` (rendered into ``--help`` and the docs, and checked
 against upstream's own parser: docs/conformance.md).
 
 Validation and derived values live in ``miles/config/arguments.py``; this module only declares flags, so it
@@ -13,7 +13,7 @@ imports nothing heavy. The correction flags come from the corrections table (``m
 import argparse
 import json
 
-from miles.conformance.departures import help_lines
+from miles.config.departures import help_lines
 from miles.config import corrections, refused
 
 TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each

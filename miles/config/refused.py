@@ -1,7 +1,7 @@
 """Upstream flags miles refuses, registered on the parser from the departures table, so a launch script written
 for upstream miles never meets argparse's "unrecognized arguments" for them.
 
-Each ``[refused."group"]`` row of ``miles/conformance/departures.toml`` lists upstream flags with upstream's arity;
+Each ``[refused."group"]`` row of ``miles/config/departures.toml`` lists upstream flags with upstream's arity;
 each becomes a ``RefusedFlag`` action (hidden from ``--help``; docs/conformance.md renders the table). Parsing one
 records it; ``refusal_line`` then names every refused flag of the launch at once, grouped by reason, and the
 driver stops there (exit 2, before Ray starts). A value the row ``accepts`` means what miles does anyway
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from miles.conformance.departures import Refusal, load_refusals
+from miles.config.departures import Refusal, load_refusals
 
 REFUSED_DEST = "refused_flags"  # (flag word as given, its Refusal), in command-line order
 SWITCH_ON = "on"  # an ``accepts`` entry for a switch: giving it is accepted

@@ -25,7 +25,7 @@ ALIASES = {"miles.utils.arguments": "miles.config.arguments", "miles.utils.check
            "miles.utils.check.__main__": "miles.check.cli", "miles.utils.plot": "miles.tracking.plot"}
 # Rules that live beside their subject, which configuration calls: torch-free leaves importing only plumbing.
 CONFIG_LEAVES = ("miles.backends.training_utils.lr_schedule", "miles.ranks.layout", "miles.rollout.sglang_words",
-                 "miles.conformance.departures", "miles.models.architecture")
+                 "miles.config.departures", "miles.models.architecture")
 # Within the runtime layer: a backend never imports its sibling; the engines never import the trainers.
 FORBIDDEN = {
     "miles.backends.torch_backend": ("miles.backends.megatron_backend",),

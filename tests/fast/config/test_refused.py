@@ -9,7 +9,7 @@ import pytest
 
 from miles.config.arguments import build_parser, parse_args
 from miles.config.refused import implemented_actions, refusal_line
-from miles.conformance.departures import (
+from miles.config.departures import (
     GROUPS_BEGIN,
     GROUPS_END,
     REFUSED_BEGIN,

@@ -10,7 +10,7 @@ from miles.conformance.compare import (
     value_disagreement,
     wrong_default_listings,
 )
-from miles.conformance.departures import Departure
+from miles.config.departures import Departure
 
 
 def _record(dest, **fields):

@@ -12,7 +12,7 @@ import pytest
 import train
 import train_async
 from miles.config.refused import implemented_actions
-from miles.conformance.departures import load_refusals
+from miles.config.departures import load_refusals
 from miles.utils.arguments import (
     build_parser,
     miles_validate_args,
