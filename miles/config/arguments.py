@@ -12,15 +12,15 @@ as much as starting Python.
 import argparse
 import sys
 
-from miles.backends.training_utils.lr_schedule import check_lr_schedules
-from miles.ranks.layout import check_rank_layout
-from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags, refused
+from miles.config.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
+from miles.config.departures import upstream_choice
+from miles.config.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
-from miles.config.departures import upstream_choice
-from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
-from miles.config.errors import AsyncOffPolicyCorrectionError, MilesConfigError
+from miles.config.lr_schedule import check_lr_schedules
+from miles.config.rank_layout import check_rank_layout
+from miles.config.sglang_words import split_sglang_words
 
 
 def contract_message(args=None) -> str:

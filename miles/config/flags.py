@@ -13,8 +13,8 @@ imports nothing heavy. The correction flags come from the corrections table (``m
 import argparse
 import json
 
-from miles.config.departures import help_lines
 from miles.config import corrections, refused
+from miles.config.departures import help_lines
 
 TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each
 ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.engine.ENGINES starts each
@@ -400,7 +400,7 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_architecture_arguments(parser: argparse.ArgumentParser) -> None:
-    """Megatron's model-architecture flags, with upstream's names and defaults (miles/models/architecture.py)."""
+    """Megatron's model-architecture flags, with upstream's names and defaults (miles/config/architecture.py)."""
     group = parser.add_argument_group(
         "model architecture (checked against --hf-checkpoint)",
         "miles builds the model from --hf-checkpoint's config.json; each of these flags given on the command line "

@@ -19,7 +19,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from miles.ranks.layout import RoleLayout
+from miles.config.rank_layout import RoleLayout
 from miles.ranks.process_group import COLLECTIVE_TIMEOUT_S, join_process_group, rendezvous_address
 from miles.ray.cluster import CPUS_PER_BUNDLE, reserve_bundles
 

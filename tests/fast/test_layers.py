@@ -24,8 +24,8 @@ LAYERS = (
 ALIASES = {"miles.utils.arguments": "miles.config.arguments", "miles.utils.check": "miles.check",
            "miles.utils.check.__main__": "miles.check.cli", "miles.utils.plot": "miles.tracking.plot"}
 # Rules that live beside their subject, which configuration calls: torch-free leaves importing only plumbing.
-CONFIG_LEAVES = ("miles.backends.training_utils.lr_schedule", "miles.ranks.layout", "miles.rollout.sglang_words",
-                 "miles.config.departures", "miles.models.architecture")
+CONFIG_LEAVES = ("miles.config.lr_schedule", "miles.config.rank_layout", "miles.config.sglang_words",
+                 "miles.config.departures", "miles.config.architecture")
 # Within the runtime layer: a backend never imports its sibling; the engines never import the trainers.
 FORBIDDEN = {
     "miles.backends.torch_backend": ("miles.backends.megatron_backend",),
@@ -118,7 +118,7 @@ def test_the_scan_catches_an_upward_import_and_a_function_level_one(tmp_path):
     assert violations({"miles.config.flags": {"miles.ray.run"}}) == [
         "miles.config.flags imports miles.ray.run: configuration may not import runtime"]
     assert violations({"miles.backends.megatron_backend.model": {"miles.backends.torch_backend.models"}}) != []
-    assert violations({"miles.config.arguments": {"miles.ranks.layout", "miles.utils.errors"}}) == []
+    assert violations({"miles.config.arguments": {"miles.config.rank_layout", "miles.utils.errors"}}) == []
 
 
 def test_the_config_leaves_import_only_plumbing():

@@ -36,7 +36,7 @@ from miles.backends.training_utils.micro_batches import (
     fixed_micro_batches,
     token_budget_micro_batches,
 )
-from miles.backends.training_utils.lr_schedule import learning_rate, schedule_for_role
+from miles.config.lr_schedule import learning_rate, schedule_for_role
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, set_learning_rate
 from miles.backends.training_utils.recompute import Recompute
 from miles.backends.training_utils.snapshots import WeightSnapshotStore
