@@ -17,7 +17,7 @@ from miles.config import corrections, refused
 from miles.config.departures import help_lines
 
 TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each
-ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.engine.ENGINES starts each
+ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.protocol.ENGINES starts each
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("algorithm")
