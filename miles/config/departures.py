@@ -74,7 +74,7 @@ class Refusal:
         return bool(self.newer_upstream or self.defined_by)
 
 
-@functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
+@functools.cache  # read by --help's epilog, the refused flags (when a parse meets one) and the conformance tools
 def _load() -> dict:
     with DEPARTURES_FILE.open("rb") as file:
         return tomllib.load(file)

@@ -14,7 +14,6 @@ import argparse
 import json
 
 from miles.config import corrections, refused
-from miles.config.departures import help_lines
 
 TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each
 ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.protocol.ENGINES starts each
@@ -646,6 +645,10 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
 
 
 def help_epilog() -> str:
+    """The end of ``--help``. Imports and parses the departures table only now: a launch that never prints its help
+    (the contract's refusal above all) never pays for it."""
+    from miles.config.departures import help_lines
+
     lines = [
         "every numeric flag's range, and every path and prompt file, is checked before Ray starts "
         "(docs/training.md, 'Checked at startup').",

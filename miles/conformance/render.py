@@ -5,7 +5,6 @@ changing miles/config/flags.py or miles/config/departures.toml; a fast test fail
 from pathlib import Path
 
 from miles.config.arguments import build_parser
-from miles.config.refused import implemented_actions
 from miles.config.departures import (
     DEPARTURES_FILE,
     DOCS_BEGIN,
@@ -21,6 +20,7 @@ from miles.config.departures import (
     refused_markdown,
     render_into,
 )
+from miles.config.refused import implemented_actions
 
 
 def groups_markdown() -> str:

@@ -22,12 +22,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from miles.check.launch import ASYNC_DRIVER, REJECTED, check_launch
-from miles.conformance import compare
-from miles.config.departures import added_option_strings, load_additions, load_departures, load_refusals
-from miles.conformance.parser_spec import describe_parser, parse_command_line
-from miles.conformance.upstream_env import DEFAULT_ENV_DIR, ensure_upstream_env, upstream_parser_dump
 from miles.config import corrections
 from miles.config.arguments import build_parser, validate_async_off_policy_correction
+from miles.config.departures import added_option_strings, load_additions, load_departures, load_refusals
+from miles.conformance import compare
+from miles.conformance.parser_spec import describe_parser, parse_command_line
+from miles.conformance.upstream_env import DEFAULT_ENV_DIR, ensure_upstream_env, upstream_parser_dump
 from miles.utils.errors import AsyncOffPolicyCorrectionError
 
 _SAMPLE_VALUES = {"int": "3", "float": "0.25", "str": "sample"}

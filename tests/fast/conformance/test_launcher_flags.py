@@ -6,8 +6,8 @@ left out."""
 import pytest
 
 from miles.config.arguments import build_parser
-from miles.config.refused import implemented_actions
 from miles.config.departures import load_refusals
+from miles.config.refused import implemented_actions
 
 # scripts/run-qwen3-4B.sh (the reference launch) and the on-policy distillation examples
 LAUNCHER_FLAGS = [
