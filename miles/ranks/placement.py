@@ -1,7 +1,7 @@
 """Reserving CPU bundles in Ray: a placement group that is ready, or a clear error instead of a hang.
 
 In ``miles.ranks`` because a train role reserves its own group (``role.py``); the Ray session and the engines'
-placement (``miles.ray.cluster``) build on this, so the run's layer imports the ranks' and never the reverse.
+placement (``miles.ray.cluster``) build on this, so the run's package imports the ranks' and never the reverse.
 """
 
 from __future__ import annotations
