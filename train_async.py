@@ -6,9 +6,6 @@ before logging, Ray, models or files are touched. At run time the actor guards e
 staleness this loop's order implies (``expected_staleness``).
 """
 
-import asyncio
-import logging
-
 from miles.utils.arguments import (
     async_staleness_warning,
     check_async_colocation,
@@ -20,13 +17,18 @@ from miles.utils.cli import run_cli
 from miles.utils.logging_utils import configure_logging
 
 
-async def train(args) -> None:
+def check_launch(args) -> None:
+    """The async launch's own rules, the contract among them: pure checks, before anything is set up."""
     check_async_colocation(args)
     validate_async_off_policy_correction(args)
     check_async_max_weight_staleness(args)
-    configure_logging(args)
+
+
+async def train(args) -> None:
+    check_launch(args)
+    logger = configure_logging(args)
     if warning := async_staleness_warning(args):
-        logging.getLogger("miles").warning(warning)
+        logger.warning(warning)
     # torch, ray and transformers are imported only once the launch is known to be valid.
     from miles.guard.off_policy import expected_staleness
     from miles.ray.run import training_run
@@ -52,5 +54,15 @@ async def train(args) -> None:
         await run.settled(push)
 
 
+def main() -> None:
+    args = parse_args()
+    # Checked here as well, before asyncio and the runtime are imported, so a refused launch costs little more than
+    # starting Python (docs/benchmarks.md); train checks again for the callers that run it directly.
+    check_launch(args)
+    import asyncio
+
+    asyncio.run(train(args))
+
+
 if __name__ == "__main__":
-    run_cli(lambda: asyncio.run(train(parse_args())))
+    run_cli(main)

@@ -26,7 +26,6 @@ from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.advantages import AdvantageConfig, critic_returns, policy_advantages
 from miles.backends.training_utils.loss import LossConfig, policy_loss, value_loss
 from miles.backends.training_utils.loss_hub.mismatch import MismatchConfig, policy_vs_behavior, rollout_report
-from miles.backends.training_utils.lr_schedule import learning_rate, schedule_for_role
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer
 from miles.backends.training_utils.optimizer_steps import StepConfig, Tensors, no_grad_passes, run_optimizer_steps
 from miles.backends.training_utils.parallel import process_parallel_state, set_parallel_state
@@ -40,8 +39,9 @@ from miles.backends.training_utils.snapshots import verified_snapshot
 from miles.backends.training_utils.train_model import TrainModel
 from miles.backends.training_utils.weight_export import WeightExporter
 from miles.config import corrections
-from miles.guard.batch import BatchGuard, GuardConfig
+from miles.config.lr_schedule import learning_rate, schedule_for_role
 from miles.guard import off_policy
+from miles.guard.batch import BatchGuard, GuardConfig
 from miles.ranks.data_parallel import data_parallel_rank
 from miles.utils.errors import DivergenceError
 from miles.utils.types import RolloutBatch, Sample

@@ -8,7 +8,7 @@ import sys
 from miles.check.launch import DEPENDS, OK, REJECTED, Verdict, check_launch
 from miles.check.script import ScriptScan, scan_script
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER
-from miles.rollout.sglang_words import sglang_option
+from miles.config.sglang_words import sglang_option
 
 # The exit status answers "would the driver refuse one of these launches?" (2 stays argparse's usage error).
 EXIT_STATUS = {OK: 0, REJECTED: 1, DEPENDS: 3}

@@ -1,5 +1,5 @@
 """Configuration: the flags, their rules, the corrections table and the validation of a launch (docs/design.md §6).
 
-Torch-free and at the bottom of the import graph beside ``miles.utils``: a rejected launch costs about as much as
-starting Python. ``miles.utils.arguments`` re-exports ``miles.config.arguments`` at upstream's module path.
+Torch-free and the lowest package: it imports nothing else of miles, so a rejected launch costs about as much as
+starting Python, and ``miles.utils.arguments`` (upstream's module path) can re-export ``miles.config.arguments``.
 """

@@ -12,15 +12,14 @@ as much as starting Python.
 import argparse
 import sys
 
-from miles.backends.training_utils.lr_schedule import check_lr_schedules
-from miles.ranks.layout import check_rank_layout
-from miles.rollout.sglang_words import split_sglang_words
 from miles.config import corrections, flags, refused
+from miles.config.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
+from miles.config.errors import AsyncOffPolicyCorrectionError, MilesConfigError
 from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
-from miles.conformance.departures import upstream_choice
-from miles.models.architecture import DESTS as ARCHITECTURE_FLAG_DESTS, GROUPS_FLAGS
-from miles.utils.errors import AsyncOffPolicyCorrectionError, MilesConfigError
+from miles.config.lr_schedule import check_lr_schedules
+from miles.config.rank_layout import check_rank_layout
+from miles.config.sglang_words import split_sglang_words
 
 
 def contract_message(args=None) -> str:
@@ -121,7 +120,8 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_architecture_arguments(parser)
         flags.add_rollout_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
-        refused.add_refused_arguments(parser)
+        if not getattr(parser, "refused_flags_pending", False):  # else the parser adds them when it meets one
+            refused.add_refused_arguments(parser)
         if add_custom_arguments is not None:
             add_custom_arguments(parser)
         return parser
@@ -145,12 +145,41 @@ class _ArgumentGroup(_RefusedFlagsYield, argparse._ArgumentGroup):
 
 
 class MilesArgumentParser(_RefusedFlagsYield, argparse.ArgumentParser):
+    """miles' parser. What only ``--help`` or a refused flag needs waits until then, so a launch the contract refuses
+    never reads the departures table (docs/benchmarks.md, "The contract's startup cost"): the epilog is rendered
+    when first read, and with ``defer_refused_flags`` the refused upstream flags are registered when the parse
+    first meets an option string it does not know (one of them, a typo, a negative number), before argparse
+    resolves that string, so every parse and every error is the one the parser with them all would give."""
+
+    def __init__(self, *args, defer_refused_flags: bool = False, **kwargs) -> None:
+        self.refused_flags_pending = defer_refused_flags
+        super().__init__(*args, **kwargs)
+
+    @property
+    def epilog(self) -> str | None:
+        if self._epilog is None:
+            self._epilog = flags.help_epilog()
+        return self._epilog
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:
+        self._epilog = value
+
+    def _parse_optional(self, arg_string):
+        if (self.refused_flags_pending and arg_string[:1] in self.prefix_chars
+                and arg_string.split("=", 1)[0] not in self._option_string_actions):
+            self.refused_flags_pending = False
+            refused.add_refused_arguments(self)
+        return super()._parse_optional(arg_string)
+
     def _check_value(self, action, value):
         """argparse's check of a choice; when upstream's parser accepts the value, the error also says why miles
         does not (an upstream launch's ``--train-backend fsdp`` reads as more than a typo)."""
         try:
             super()._check_value(action, value)
         except argparse.ArgumentError as error:
+            from miles.config.departures import upstream_choice  # the table is read only for a refused choice
+
             departure = upstream_choice(action.option_strings, value)
             if departure is None:
                 raise
@@ -164,11 +193,14 @@ class MilesArgumentParser(_RefusedFlagsYield, argparse.ArgumentParser):
         return group
 
 
-def build_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
+def build_parser(add_custom_arguments=None, defer_refused_flags: bool = False) -> argparse.ArgumentParser:
+    """miles' parser (the epilog, ``flags.help_epilog``, is rendered when ``--help`` reads it). ``parse_args`` defers
+    the refused upstream flags (``MilesArgumentParser``); a caller that reads the parser's actions (miles-check,
+    the conformance tools) gets them all at once."""
     parser = MilesArgumentParser(
         description="miles: RL post-training (PPO, GRPO, GSPO, REINFORCE++) for causal language models.",
-        epilog=flags.help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        defer_refused_flags=defer_refused_flags,
     )
     return get_miles_extra_args_provider(add_custom_arguments)(parser)
 
@@ -183,7 +215,7 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     The ``--sglang-*`` words (SGLang's server arguments) are set aside as ``args.sglang_words``, unparsed: the
     preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
     argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
-    parser = build_parser(add_custom_arguments)
+    parser = build_parser(add_custom_arguments, defer_refused_flags=True)
     add_plugin_arguments(parser, argv)
     # argparse sets a default only on a namespace without the attribute: the marker tells a given flag from one
     # left at its default, so the preflight checks only the architecture flags the launch passed
@@ -337,10 +369,7 @@ def _derive_rollout_engines(args) -> None:
 
 
 def _check_corrections(args) -> None:
-    try:
-        corrections.in_effect(args)  # refuses rows that exclude each other
-    except ValueError as error:
-        raise MilesConfigError(str(error)) from None
+    corrections.in_effect(args)  # refuses rows that exclude each other
     if args.tis_clip <= args.tis_clip_low:
         raise MilesConfigError(
             f"--tis-clip-low {args.tis_clip_low} and --tis-clip {args.tis_clip} must satisfy "

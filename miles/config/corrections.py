@@ -13,13 +13,15 @@ Every TIS variant (--tis-mode, --tis-level, --rs-*, --custom-tis-function-path) 
 the TIS row. OPSM is not a row: it masks by the mean (old − current) log ratio, whose "old" is the denominator some
 row chose, the current actor's when none did, so alone it measures 0 staleness and corrects nothing.
 
-Imports nothing: the parser reads it before torch or Ray are imported.
+Imports nothing but configuration's errors: the parser reads it before torch or Ray are imported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from miles.config.errors import MilesConfigError
 
 # Where the ratio's denominator comes from, in the order that decides it when several rows are chosen: the engine's
 # log-probs replace any recompute; a snapshot's recompute replaces the current actor's.
@@ -137,7 +139,7 @@ class InEffect:
 
     Built by ``in_effect(args)`` in every process that needs it (the parser, the trainer, the loss, the driver's
     checkpoints, miles-check), so none of them reads a correction flag by name. Two rows that exclude each other
-    are refused here, the one place the rule is checked (``ValueError``; the parser reports it as its own error).
+    are refused here (``MilesConfigError``), the one place the rule is checked.
     """
 
     labels: tuple[str, ...] = ()  # the chosen rows, in the table's order
@@ -146,7 +148,7 @@ class InEffect:
     def __post_init__(self) -> None:
         exclusion = exclusion_error(self.labels)
         if exclusion is not None:
-            raise ValueError(exclusion)
+            raise MilesConfigError(exclusion)
 
     @property
     def denominator(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from miles.utils.errors import MilesConfigError
+from miles.config.errors import MilesConfigError
 
 SEED_MAX = 2**31 - 1  # random, numpy and torch all accept [0, 2**31 - 1]; the critic seeds with --seed + 1
 
@@ -128,7 +128,7 @@ FLAG_RULES: dict[str, Range] = {
     "attention_dropout": Range(low=0, high=1, high_open=True, example="0.0", why="a probability of dropping"),
     "hidden_dropout": Range(low=0, high=1, high_open=True, example="0.0", why="a probability of dropping"),
     "recompute_num_layers": AT_LEAST_ONE,
-    # model architecture (checked against the checkpoint: miles/models/architecture.py)
+    # model architecture (checked against the checkpoint: miles/config/architecture.py)
     **dict.fromkeys(("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                      "vocab_size", "num_query_groups"), AT_LEAST_ONE),
     "layernorm_epsilon": Range(low=0, low_open=True, example="1e-6", why="it keeps the norm's denominator away from 0"),

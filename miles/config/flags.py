@@ -3,7 +3,7 @@
 Flag names follow upstream miles (kebab-case on the command line, snake_case on ``args``). Every flag has a
 default, and the defaults train the embedded default (a tiny model on digit addition, see
 ``docs/embedded_default.md``) on a CPU, so ``python train_async.py`` alone runs. Where a default departs from
-upstream, it is listed in ``miles/conformance/departures.toml`` (rendered into ``--help`` and the docs, and checked
+upstream, it is listed in ``miles/config/departures.toml`` (rendered into ``--help`` and the docs, and checked
 against upstream's own parser: docs/conformance.md).
 
 Validation and derived values live in ``miles/config/arguments.py``; this module only declares flags, so it
@@ -13,11 +13,10 @@ imports nothing heavy. The correction flags come from the corrections table (``m
 import argparse
 import json
 
-from miles.conformance.departures import help_lines
 from miles.config import corrections, refused
 
 TRAIN_BACKENDS = ("torch", "megatron")  # miles.backends loads each
-ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.engine.ENGINES starts each
+ROLLOUT_BACKENDS = ("torch", "sglang")  # miles.rollout.protocol.ENGINES starts each
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("algorithm")
@@ -400,7 +399,7 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_architecture_arguments(parser: argparse.ArgumentParser) -> None:
-    """Megatron's model-architecture flags, with upstream's names and defaults (miles/models/architecture.py)."""
+    """Megatron's model-architecture flags, with upstream's names and defaults (miles/config/architecture.py)."""
     group = parser.add_argument_group(
         "model architecture (checked against --hf-checkpoint)",
         "miles builds the model from --hf-checkpoint's config.json; each of these flags given on the command line "
@@ -646,6 +645,10 @@ def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> Non
 
 
 def help_epilog() -> str:
+    """The end of ``--help``. Imports and parses the departures table only now: a launch that never prints its help
+    (the contract's refusal above all) never pays for it."""
+    from miles.config.departures import help_lines
+
     lines = [
         "every numeric flag's range, and every path and prompt file, is checked before Ray starts "
         "(docs/training.md, 'Checked at startup').",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from miles.utils.errors import MilesConfigError
+from miles.config.errors import MilesConfigError
 
 
 def load_function(flag: str, path: str, example: str) -> Callable:

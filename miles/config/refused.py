@@ -1,7 +1,7 @@
 """Upstream flags miles refuses, registered on the parser from the departures table, so a launch script written
 for upstream miles never meets argparse's "unrecognized arguments" for them.
 
-Each ``[refused."group"]`` row of ``miles/conformance/departures.toml`` lists upstream flags with upstream's arity;
+Each ``[refused."group"]`` row of ``miles/config/departures.toml`` lists upstream flags with upstream's arity;
 each becomes a ``RefusedFlag`` action (hidden from ``--help``; docs/conformance.md renders the table). Parsing one
 records it; ``refusal_line`` then names every refused flag of the launch at once, grouped by reason, and the
 driver stops there (exit 2, before Ray starts). A value the row ``accepts`` means what miles does anyway
@@ -11,8 +11,10 @@ driver stops there (exit 2, before Ray starts). A value the row ``accepts`` mean
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from miles.conformance.departures import Refusal, load_refusals
+if TYPE_CHECKING:
+    from miles.config.departures import Refusal
 
 REFUSED_DEST = "refused_flags"  # (flag word as given, its Refusal), in command-line order
 SWITCH_ON = "on"  # an ``accepts`` entry for a switch: giving it is accepted
@@ -48,10 +50,15 @@ def _same(word: str, accepted: str) -> bool:
 
 
 def add_refused_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every refused upstream flag, one ``RefusedFlag`` each (hidden from --help)."""
+    """Every refused upstream flag, one ``RefusedFlag`` each (hidden from --help). A flag the parser already defines
+    (a driver's or a plug-in's, registered first when the refused flags are added late) keeps its definition: the
+    code that defines it is what it means, as when it is added after them."""
+    from miles.config.departures import load_refusals  # parsed here, not when the parser's module is imported
+
     group = parser.add_argument_group("refused upstream flags")
     for flag, refusal in load_refusals().items():
-        group.add_argument(flag, action=RefusedFlag, refusal=refusal)
+        if flag not in parser._option_string_actions:  # argparse's table of the option strings it knows
+            group.add_argument(flag, action=RefusedFlag, refusal=refusal)
 
 
 def implemented_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from miles.conformance.departures import Departure
-from miles.rollout.sglang_words import sglang_option  # SGLang's server arguments: SGLang's parser checks them
+from miles.config.departures import Departure
+from miles.config.sglang_words import sglang_option  # SGLang's server arguments: SGLang's parser checks them
 
 RECORD_FIELDS = ("dest", "type", "choices", "action", "nargs", "required")
 # The command line both parsers read for their defaults: upstream requires --rollout-batch-size, so both get miles'

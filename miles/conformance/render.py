@@ -1,12 +1,11 @@
 """Renders the departures table and miles' parser into the docs: docs/training.md's departures section,
 docs/conformance.md's refused flags and its table of flag groups. Run ``python -m miles.conformance.render`` after
-changing miles/config/flags.py or miles/conformance/departures.toml; a fast test fails when the docs drift."""
+changing miles/config/flags.py or miles/config/departures.toml; a fast test fails when the docs drift."""
 
 from pathlib import Path
 
 from miles.config.arguments import build_parser
-from miles.config.refused import implemented_actions
-from miles.conformance.departures import (
+from miles.config.departures import (
     DEPARTURES_FILE,
     DOCS_BEGIN,
     DOCS_END,
@@ -21,6 +20,7 @@ from miles.conformance.departures import (
     refused_markdown,
     render_into,
 )
+from miles.config.refused import implemented_actions
 
 
 def groups_markdown() -> str:

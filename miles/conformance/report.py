@@ -22,12 +22,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from miles.check.launch import ASYNC_DRIVER, REJECTED, check_launch
-from miles.conformance import compare
-from miles.conformance.departures import added_option_strings, load_additions, load_departures, load_refusals
-from miles.conformance.parser_spec import describe_parser, parse_command_line
-from miles.conformance.upstream_env import DEFAULT_ENV_DIR, ensure_upstream_env, upstream_parser_dump
 from miles.config import corrections
 from miles.config.arguments import build_parser, validate_async_off_policy_correction
+from miles.config.departures import added_option_strings, load_additions, load_departures, load_refusals
+from miles.conformance import compare
+from miles.conformance.parser_spec import describe_parser, parse_command_line
+from miles.conformance.upstream_env import DEFAULT_ENV_DIR, ensure_upstream_env, upstream_parser_dump
 from miles.utils.errors import AsyncOffPolicyCorrectionError
 
 _SAMPLE_VALUES = {"int": "3", "float": "0.25", "str": "sample"}
@@ -76,7 +76,7 @@ class ConformanceReport:
     def lines(self) -> list[str]:
         flags = len({d.flag for d in self.differences})
         verdict = (f"conformance: {len(self.failures)} failures" if self.failures else
-                   "conformance: OK (every difference is listed in miles/conformance/departures.toml with its reason)")
+                   "conformance: OK (every difference is listed in miles/config/departures.toml with its reason)")
         counts = (f"{self.shared} flags shared with upstream, {self.refused} refused; {len(self.differences)} fields "
                   f"differ, in {flags} of them; {self.command_lines} command lines parsed by both")
         return [counts,

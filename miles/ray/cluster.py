@@ -1,5 +1,5 @@
-"""Ray session and placement: placement groups of CPU bundles (the engines', and one per train role in
-``miles.ranks``), actors pinned to their bundle.
+"""Ray session and the engines' placement: a placement group of CPU bundles for the rollout engines (each train
+role reserves its own through ``miles.ranks.placement``, which this module builds on), actors pinned to their bundle.
 
 Resources are logical: a local cluster is started with at least as many logical CPUs as the run has bundles, so
 every configuration (PPO: engines + actor ranks + critic ranks) fits on a 2-core machine, and each actor pins its torch
@@ -14,12 +14,11 @@ import os
 from dataclasses import dataclass, field
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from miles.utils.errors import MilesConfigError
+from miles.ranks.placement import CPUS_PER_BUNDLE, reserve_bundles
 
-CPUS_PER_BUNDLE = 1
 SHUTDOWN_TIMEOUT_S = 30.0  # an engine with processes of its own (SGLang) gets this long to stop them
 
 
@@ -73,24 +72,6 @@ class Placement:
 def count_bundles(num_engines: int, num_train_ranks: int, colocate: bool) -> int:
     """CPU bundles of a run: one per engine (none when colocated: engines share the actor's) and per train rank."""
     return (0 if colocate else num_engines) + num_train_ranks
-
-
-def reserve_bundles(bundles: list[dict], strategy: str, timeout_s: float, what: str):
-    """A ready placement group of ``bundles``, or a ``MilesConfigError`` after ``timeout_s`` naming ``what`` needed
-    them (the group is removed then, so nothing waits on in the cluster)."""
-    group = placement_group(bundles, strategy=strategy)
-    try:
-        ray.get(group.ready(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(group)
-        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-        raise MilesConfigError(
-            f"{what} needs the bundles {bundles} ({strategy}) but Ray could not place them within "
-            f"--ray-placement-timeout {timeout_s:g} s; the cluster has {ray.cluster_resources().get('CPU', 0):g} "
-            f"logical CPUs on {nodes} node(s). Ask for fewer engines or ranks, or join a larger cluster "
-            "(--ray-address)."
-        ) from None
-    return group
 
 
 def create_placement(num_engines: int, colocate: bool, timeout_s: float, actor_group, actor_nodes: int) -> Placement:

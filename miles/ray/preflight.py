@@ -16,7 +16,7 @@ from transformers import AutoConfig
 from miles.backends.megatron_backend.support import check_megatron_backend
 from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.recompute import Recompute, recompute_problem
-from miles.models.architecture import architecture_mismatches, checkpoint_architecture
+from miles.config.architecture import architecture_mismatches, checkpoint_architecture
 from miles.models.hf import check_hf_checkpoint, dropout_overrides, load_tokenizer, weight_names
 from miles.rollout.custom_generate import load_generate_function
 from miles.rollout.data_source import load_prompts
@@ -78,7 +78,7 @@ def preflight(args) -> int:
 
 
 def check_architecture_flags(args, folder) -> None:
-    """The model-architecture flags the launch passed agree with the checkpoint (miles/models/architecture.py)."""
+    """The model-architecture flags the launch passed agree with the checkpoint (miles/config/architecture.py)."""
     given = getattr(args, "architecture_given", {})
     if not given:
         return

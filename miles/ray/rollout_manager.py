@@ -17,7 +17,8 @@ import zlib
 import ray
 
 from miles.guard.display import short
-from miles.ray.cluster import CPUS_PER_BUNDLE, Placement
+from miles.ranks.placement import CPUS_PER_BUNDLE
+from miles.ray.cluster import Placement
 from miles.rollout.custom_generate import Generation, custom_samples, load_generate_function
 from miles.rollout.data_source import PromptDataSource, load_prompts
 from miles.rollout.dynamic_sampling import filter_verdict, load_dynamic_filter, sample_dynamically

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import ray
 
 from miles.backends.training_utils import checkpoint
-from miles.backends.training_utils.lr_schedule import check_lr_schedules
 from miles.backends.train_process import PolicyTrainer, ValueTrainer
 from miles.config import corrections
+from miles.config.lr_schedule import check_lr_schedules
+from miles.config.rank_layout import train_layouts
 from miles.guard import off_policy
-from miles.ranks.layout import train_layouts
 from miles.ranks.role import TrainRole, dead_rank_names, start_roles
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager

@@ -1,6 +1,6 @@
 """``--sglang-*`` flags: SGLang's server arguments under miles' prefix, checked against SGLang's own ``ServerArgs``.
 
-``split_sglang_words(argv)`` (``miles.rollout.sglang_words``) runs in ``parse_args`` and imports nothing (the contract's rejection stays as fast as
+``split_sglang_words(argv)`` (``miles.config.sglang_words``) runs in ``parse_args`` and imports nothing (the contract's rejection stays as fast as
 starting Python): it only takes the ``--sglang-NAME [VALUE]`` / ``--sglang-NAME=VALUE`` words out of argv. The
 preflight (before Ray starts) then parses them with SGLang's own parser (``ServerArgs.add_cli_args``), so an unknown
 name or a bad value is one ``error:`` line, and refuses the settings miles owns when they are set wrongly
@@ -13,7 +13,7 @@ import argparse
 import difflib
 import os
 
-from miles.rollout.sglang_words import NEGATED_PREFIX, PREFIX, sglang_option
+from miles.config.sglang_words import NEGATED_PREFIX, PREFIX, sglang_option
 from miles.utils.errors import MilesConfigError
 
 DEFAULT_MAX_TOTAL_TOKENS = 2048  # KV-cache tokens; SGLang's default memory fraction took 17 GB of host memory here

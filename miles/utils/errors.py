@@ -3,22 +3,15 @@
 The drivers catch ``MilesConfigError`` to print one clean ``error: ...`` line and exit 2, and ``MilesRunError`` (a
 run that started and stopped for a named reason, after saving what it could) to print one line and exit with its
 status; every other exception keeps its traceback, because it is a bug rather than bad input.
+
+``MilesConfigError`` and ``AsyncOffPolicyCorrectionError`` are defined in ``miles.config.errors``, because
+configuration is the lowest layer and may import nothing of ``miles.utils`` (docs/design.md §6); they are
+re-exported here so every error miles raises can be imported from this one module.
 """
 
+from miles.config.errors import AsyncOffPolicyCorrectionError, MilesConfigError  # noqa: F401
 
 REPORT_BUG = "This is a bug in miles, not in your flags; please report it with the run's metrics.jsonl."
-
-
-class MilesConfigError(ValueError):
-    """A launch configuration that miles refuses: the message names the value, the rule and the fix."""
-
-
-class AsyncOffPolicyCorrectionError(MilesConfigError, AssertionError):
-    """Async PPO without a behavior-policy correction.
-
-    An ``AssertionError`` as well, so upstream's ``pytest.raises(AssertionError, ...)`` tests hold; it is
-    raised explicitly, so ``python -O`` cannot switch the contract off.
-    """
 
 
 class MilesRunError(RuntimeError):

@@ -1,4 +1,4 @@
-"""The moved modules keep their old entry points for one release (deprecated aliases); which package may import
+"""The checker's entry points (the console script and ``python -m miles.check``) agree; which package may import
 which is tests/fast/test_layers.py."""
 
 import shutil
@@ -22,15 +22,4 @@ def test_the_checkers_entry_points_give_the_same_output_and_status():
     new = _check(sys.executable, "-m", "miles.check")
     assert new[0] == 0 and new[1].splitlines()[-1].endswith(f"{len(EXAMPLES)} OK")
     assert _check(console_script) == new
-    assert _check(sys.executable, "-m", "miles.utils.check") == new  # the deprecated alias
 
-
-def test_the_deprecated_module_paths_still_import_the_same_objects():
-    import miles.check
-    import miles.tracking.plot
-    import miles.utils.check
-    import miles.utils.plot
-
-    assert miles.utils.check.check_launch is miles.check.check_launch
-    assert miles.utils.check.main is miles.check.main
-    assert miles.utils.plot.plot_run is miles.tracking.plot.plot_run

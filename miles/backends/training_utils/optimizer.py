@@ -6,7 +6,7 @@
 
 As in Megatron (``megatron.core.optimizer``), biases and one-dimensional parameters (norm weights) get no weight
 decay: two parameter groups, "decay" then "no_decay". The learning rate of each step is set by the step loop from
-``lr_schedule.learning_rate``.
+``miles.config.lr_schedule.learning_rate``.
 """
 
 from __future__ import annotations

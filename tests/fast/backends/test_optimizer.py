@@ -4,10 +4,10 @@
 import pytest
 import torch
 
-from miles.backends.training_utils.lr_schedule import learning_rate
 from miles.backends.training_utils.optimizer import OptimizerConfig, build_optimizer, parameter_groups
 from miles.backends.training_utils.train_model import TrainModel
 from miles.backends.train_process import _TrainProcess
+from miles.config.lr_schedule import learning_rate
 from miles.utils.arguments import parse_args
 
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from miles.config.arguments import parse_args
-from miles.conformance.departures import load_refusals
+from miles.config.departures import load_refusals
 
 PLUGIN = textwrap.dedent('''
     import argparse

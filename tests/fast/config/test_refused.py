@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from miles.config.arguments import build_parser, parse_args
-from miles.config.refused import implemented_actions, refusal_line
-from miles.conformance.departures import (
+from miles.config.departures import (
     GROUPS_BEGIN,
     GROUPS_END,
     REFUSED_BEGIN,
@@ -19,6 +18,7 @@ from miles.conformance.departures import (
     refused_markdown,
     render_into,
 )
+from miles.config.refused import implemented_actions, refusal_line
 from miles.conformance.render import groups_markdown
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,6 +82,40 @@ def test_the_driver_stops_with_exit_2_before_ray_in_one_error_line():
     assert len(errors) == 1 and "unrecognized arguments" not in result.stderr
     assert "--use-opd:" in errors[0] and "--num-experts 8:" in errors[0]
     assert "Ray" not in result.stderr  # Ray's start-up lines never appear: the parser stopped first
+
+
+DEFERRED_CASES = [
+    [], ["--lr", "1e-4"], ["--use-opd", "--lr", "1e-4"], ["--lr", "abc", "--profile-ranks", "1", "2"],
+    ["--profile-ranks", "1", "2", "--lr", "abc"], ["--context-parallel-size=1"], ["--context-parallel-size", "2"],
+    ["--adv", "ppo"], ["--lr", "-1"], ["--no-such-flag", "3"], ["--train-backend", "fsdp"], ["--help"],
+]
+
+
+@pytest.mark.parametrize("words", DEFERRED_CASES, ids=" ".join)
+def test_the_deferred_refused_flags_parse_as_the_full_parser_does(words, capsys):
+    """``parse_args`` registers the refused flags only when the parse meets an option string it does not know; the
+    namespace, or the error and exit status, is the one of the parser that has them all from the start."""
+    outcomes = []
+    for defer in (False, True):
+        try:
+            outcomes.append(vars(build_parser(defer_refused_flags=defer).parse_args(words)))
+        except SystemExit as stopped:
+            outcomes.append((stopped.code, capsys.readouterr()))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_plugins_flag_replaces_the_refused_one_also_when_they_are_registered_late():
+    parser = build_parser(lambda p: p.add_argument("--rlve", action="store_true"), defer_refused_flags=True)
+    namespace = parser.parse_args(["--rlve", "--use-opd"])  # --use-opd registers the refused flags, after --rlve
+    assert namespace.rlve is True and "--use-opd" in refusal_line(namespace)
+
+
+def test_a_launch_without_a_refused_flag_never_reads_the_departures_table():
+    code = ("import sys\nfrom miles.config.arguments import parse_args\n"
+            "parse_args(argv=['--advantage-estimator', 'ppo', '--use-tis'])\n"
+            "print('miles.config.departures' in sys.modules, 'tomllib' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["False", "False"], result.stderr
 
 
 def test_parse_args_refuses_before_validating():

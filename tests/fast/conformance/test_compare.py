@@ -1,5 +1,6 @@
 """compare: differences between two parsers' records, and the departures table's bookkeeping, on hand-made records."""
 
+from miles.config.departures import Departure
 from miles.conformance.compare import (
     Difference,
     flag_differences,
@@ -10,7 +11,6 @@ from miles.conformance.compare import (
     value_disagreement,
     wrong_default_listings,
 )
-from miles.conformance.departures import Departure
 
 
 def _record(dest, **fields):

@@ -6,8 +6,8 @@ left out."""
 import pytest
 
 from miles.config.arguments import build_parser
+from miles.config.departures import load_refusals
 from miles.config.refused import implemented_actions
-from miles.conformance.departures import load_refusals
 
 # scripts/run-qwen3-4B.sh (the reference launch) and the on-policy distillation examples
 LAUNCHER_FLAGS = [
@@ -80,7 +80,7 @@ def test_every_flag_the_public_launchers_use_is_implemented_or_refused(flag):
     implemented = {option for action in implemented_actions(build_parser()) for option in action.option_strings}
     assert flag in implemented or flag in load_refusals(), (
         f"{flag}: an upstream launcher passes it, but miles' parser neither implements nor refuses it; add it to "
-        "miles/config/flags.py or to a [refused.\"group\"] row of miles/conformance/departures.toml")
+        "miles/config/flags.py or to a [refused.\"group\"] row of miles/config/departures.toml")
 
 
 def test_the_distillation_flags_are_refused_with_the_commit_they_were_seen_at():

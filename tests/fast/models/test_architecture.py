@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from miles.config.architecture import architecture_mismatches, checkpoint_architecture
 from miles.config.arguments import parse_args
-from miles.models.architecture import architecture_mismatches, checkpoint_architecture
 from miles.ray.preflight import check_architecture_flags
 from miles.utils.errors import MilesConfigError
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from miles.backends.training_utils.optimizer_steps import run_optimizer_steps
+from miles.config.rank_layout import RoleLayout, train_layouts
 from miles.ranks.data_parallel import DataParallelRank
-from miles.ranks.layout import RoleLayout, train_layouts
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError
 

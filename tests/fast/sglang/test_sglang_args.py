@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from miles.config.sglang_words import split_sglang_words
 from miles.rollout import sglang_args
 from miles.rollout.sglang_args import check_owned, engine_kwargs
-from miles.rollout.sglang_words import split_sglang_words
 from miles.utils.arguments import parse_args
 from miles.utils.errors import MilesConfigError
 

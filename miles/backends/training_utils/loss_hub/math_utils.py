@@ -14,7 +14,7 @@ Sources: PPO (https://arxiv.org/abs/1707.06347), dual clip (https://arxiv.org/ab
 Upstream wraps ``compute_policy_loss`` and ``compute_approx_kl`` in ``torch.compile`` and its tests call them
 eagerly through ``.__wrapped__``; miles runs them eagerly (``_eager`` keeps ``.__wrapped__``, so both calls work).
 
-Departures from upstream's results (rows in ``miles/conformance/departures.toml``, each with a test of both):
+Departures from upstream's results (rows in ``miles/config/departures.toml``, each with a test of both):
 - ``get_reinforce_plus_plus_returns`` discounts over the trainable tokens only, as if the masked ones were absent
   (as upstream's GAE does; upstream's REINFORCE++ discounts across masked tokens), and gives zeros to a fully
   masked sample (upstream asserts).

@@ -5,13 +5,16 @@ parallel (DP) size is world / TP and rank r is TP rank ``r % TP`` of DP rank ``r
 r lives in bundle ``r // ranks_per_node`` of its role's placement group, one bundle per node.
 
 On a machine without GPUs, a "GPU" of ``--actor-num-gpus-per-node`` counts one train process with one CPU bundle.
+
+In configuration because the launch's validation checks these rules before anything starts; ``miles.ranks``
+builds the role's processes from the layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from miles.utils.errors import MilesConfigError
+from miles.config.errors import MilesConfigError
 
 
 @dataclass(frozen=True)

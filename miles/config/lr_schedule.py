@@ -11,7 +11,8 @@ global batch size); every ratio below is the same in iterations, so the rates ar
 rate of iteration k is ``learning_rate(k)``: the scheduler starts at step 0 and steps after each optimizer step,
 so with a warm-up the first step runs at ``--lr-warmup-init`` (0 by default).
 
-Imports nothing heavy: ``miles.utils.arguments`` checks the schedule at startup.
+Imports nothing heavy and lives in configuration: ``miles.config.arguments`` checks the schedule at startup,
+and the train processes (``miles.backends.training_utils``) compute each step's rate from it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from miles.utils.errors import MilesConfigError
+from miles.config.errors import MilesConfigError
 
 DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEPARTURES_FILE = Path(__file__).with_name("departures.toml")
-DOCS_BEGIN = "<!-- departures: rendered from miles/conformance/departures.toml by `python -m miles.conformance.render` -->"
+DOCS_BEGIN = "<!-- departures: rendered from miles/config/departures.toml by `python -m miles.conformance.render` -->"
 DOCS_END = "<!-- end of departures -->"
-REFUSED_BEGIN = ("<!-- refused flags: rendered from miles/conformance/departures.toml by `python -m "
+REFUSED_BEGIN = ("<!-- refused flags: rendered from miles/config/departures.toml by `python -m "
                  "miles.conformance.render` -->")
 REFUSED_END = "<!-- end of refused flags -->"
-GROUPS_BEGIN = ("<!-- flag groups: rendered from miles/config/flags.py and miles/conformance/departures.toml by "
+GROUPS_BEGIN = ("<!-- flag groups: rendered from miles/config/flags.py and miles/config/departures.toml by "
                 "`python -m miles.conformance.render` -->")
 GROUPS_END = "<!-- end of flag groups -->"
 
@@ -74,7 +74,7 @@ class Refusal:
         return bool(self.newer_upstream or self.defined_by)
 
 
-@functools.cache  # every build_parser() renders --help's epilog from it (parse_args, miles-check per launch)
+@functools.cache  # read by --help's epilog, the refused flags (when a parse meets one) and the conformance tools
 def _load() -> dict:
     with DEPARTURES_FILE.open("rb") as file:
         return tomllib.load(file)

@@ -6,6 +6,9 @@ config.json on both backends, so a flag given on the command line is a claim abo
 checks each one given (``architecture_mismatches``) and a disagreement stops the launch in one line naming both
 values. A flag left out claims nothing. Standard library only: the expected values come from config.json and the
 weights' tensor names.
+
+In configuration because the parser reads its flag table (``GROUPS_FLAGS``, ``DESTS``); the preflight
+(``miles.ray.preflight``) calls the check.
 """
 
 from __future__ import annotations

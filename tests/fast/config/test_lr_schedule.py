@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from miles.backends.training_utils.lr_schedule import (
+from miles.config.lr_schedule import (
     LrSchedule,
     check_lr_schedules,
     learning_rate,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from miles.conformance.departures import (
+from miles.config.departures import (
     DOCS_BEGIN,
     DOCS_END,
     help_lines,
