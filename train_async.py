@@ -17,15 +17,10 @@ from miles.utils.cli import run_cli
 from miles.utils.logging_utils import configure_logging
 
 
-def check_launch(args) -> None:
-    """The async launch's own rules, the contract among them: pure checks, before anything is set up."""
-    check_async_colocation(args)
-    validate_async_off_policy_correction(args)
-    check_async_max_weight_staleness(args)
-
-
 async def train(args) -> None:
-    check_launch(args)
+    validate_async_off_policy_correction(args)
+    check_async_colocation(args)
+    check_async_max_weight_staleness(args)
     logger = configure_logging(args)
     if warning := async_staleness_warning(args):
         logger.warning(warning)
@@ -56,9 +51,9 @@ async def train(args) -> None:
 
 def main() -> None:
     args = parse_args()
-    # Checked here as well, before asyncio and the runtime are imported, so a refused launch costs little more than
-    # starting Python (docs/benchmarks.md); train checks again for the callers that run it directly.
-    check_launch(args)
+    # The contract is checked here as well, before asyncio and the runtime are imported, so a refused launch costs
+    # little more than starting Python (docs/benchmarks.md); train checks again for the callers that run it directly.
+    validate_async_off_policy_correction(args)
     import asyncio
 
     asyncio.run(train(args))
