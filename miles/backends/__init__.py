@@ -4,7 +4,9 @@ snapshot store and runtime guard (``training_utils/``), and differ only in the m
 - ``torch``: a Hugging Face model in one process (the embedded default's backend);
 - ``megatron``: megatron-core's GPTModel, converted from and to the Hugging Face layout (docs/megatron.md).
 
-A backend is imported only when it is used, so the torch backend never imports megatron-core.
+A backend is imported only when it is used, so the torch backend never imports megatron-core. The train processes
+that compose a backend's model with the shared parts live in this package too (``train_process.py``), above both
+backends (docs/design.md §6); ``ModelSpec`` is how they load their models.
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ class LossConfig:
 
     @functools.cached_property
     def weight_functions(self) -> tuple:
-        """The functions the loss runs, and whether their weights apply: the chosen rows' (applied, in the table's
-        order), else under get_mismatch_metrics the metrics-only row's (for its metrics alone), else none."""
+        """The weight functions the loss runs: the chosen rows' (applied, in the table's order), else under
+        get_mismatch_metrics the metrics-only row's (run for its metrics alone, ``_corrections``), else none."""
         paths = self.corrections.weight_functions
         if not paths and self.get_mismatch_metrics:
             paths = (corrections.metrics_only_function(),)
