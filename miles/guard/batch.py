@@ -35,7 +35,7 @@ class GuardConfig:
 class BatchGuard:
     def __init__(self, config: GuardConfig) -> None:
         self.config = config
-        self.seconds = 0.0  # the checks' time since ``start_rollout``
+        self.seconds = 0.0  # the checks' time on the current rollout, from its ``check_provenance`` (which resets it)
 
     @contextlib.contextmanager
     def timed(self):
