@@ -441,7 +441,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "and cached under $MILES_CACHE_DIR or ~/.cache/miles)",
     )
     group.add_argument(
-        "--prompt-data", default=None, help="JSONL prompt file. (default: the embedded task's train split)"
+        "--prompt-data", default=None,
+        help="Prompt file: JSONL, or Parquet (*.parquet), one record per prompt with --input-key and --label-key; a "
+        "label keeps its value (an object stays a dict). (default: the embedded task's train split)"
     )
     group.add_argument(
         "--eval-prompt-data", nargs="+", default=None,
@@ -547,8 +549,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--custom-rm-path",
         default=None,
-        help="User reward function 'path/to/file.py:func' or 'package.module:func', called as "
-        "func(prompt, response, label) -> float. Overrides --rm-type.",
+        help="User reward function. Upstream's 'package.module.func': async def func(args, sample, **kwargs) -> float, "
+        "awaited, sample.label the dataset's value (an object stays a dict); or miles' 'path/to/file.py:func' or "
+        "'package.module:func' (a colon): func(prompt, response, label) -> float, label as text. Overrides --rm-type.",
     )
     group.add_argument(
         "--custom-generate-function-path",

@@ -113,8 +113,9 @@ class RolloutManager:
                                            max_response_len, sampling, round_index)
         for index, sample in enumerate(samples):  # renumber across engines; groups stay contiguous
             sample.index, sample.group_index = index, index // n_samples
-            if sample.reward is None:  # a custom generate function may have set it
-                sample.reward = (reward_fn or self.reward_fn)(sample.prompt, sample.response, sample.label)
+        unscored = [sample for sample in samples if sample.reward is None]  # a generate function may have set it
+        for sample, reward in zip(unscored, (reward_fn or self.reward_fn).score(self.args, unscored), strict=True):
+            sample.reward = reward
         return samples
 
     def _request(self, engine_index: int, prompt: dict, temperature: float, max_new_tokens: int, seed: int,

@@ -1,4 +1,4 @@
-"""Prompt data: an upstream-format JSONL loader and a deterministic, resumable source of rollout batches."""
+"""Prompt data: upstream-format JSONL and Parquet loaders and a deterministic, resumable source of rollout batches."""
 
 from __future__ import annotations
 
@@ -11,29 +11,63 @@ from miles.utils.errors import MilesConfigError
 
 
 def load_prompt_data(path: str, input_key: str, label_key: str | None, flag: str = "--prompt-data") -> list[dict]:
-    """Read a JSONL file of objects into ``[{"prompt": str, "label": str}, ...]`` in file order.
+    """Read a JSONL file of objects, or a Parquet file (``*.parquet``) of rows, into ``[{"prompt": str, "label":
+    value}, ...]`` in file order.
 
-    ``input_key`` names the prompt (a string); ``label_key`` the label (a string, or a number/other JSON value,
-    which is kept as its JSON text, e.g. 7 -> "7"); ``label_key=None`` means no labels (label ""). Blank lines
-    are skipped. Every problem is a ``MilesConfigError`` naming ``flag``, the file, the line and the fix.
+    ``input_key`` names the prompt (a string); ``label_key`` the label, which keeps its value as upstream keeps it
+    (a string, a number, an object as a dict: upstream's reward functions read ``sample.label["ground_truth"]``);
+    ``label_key=None`` means no labels (label ""). Blank JSONL lines are skipped. Every problem is a
+    ``MilesConfigError`` naming ``flag``, the file, the line (or row) and the fix.
     """
     file = Path(path).expanduser()
+    source = f"{flag} {path!r}"
     if not file.is_file():
         example = json.dumps({input_key: "3+4=", label_key or "label": "7"})
         what = "a folder, not a file" if file.is_dir() else "no such file"
         raise MilesConfigError(
-            f"{flag} {path!r}: {what}. Pass a JSONL file with one object per line, e.g. {example}, "
-            f"or leave the flag out for the embedded task."
+            f"{source}: {what}. Pass a JSONL file with one object per line, e.g. {example}, or a Parquet file with "
+            f"those columns, or leave the flag out for the embedded task."
         )
-    prompts = []
-    for line_number, line in _utf8_lines(file, f"{flag} {path!r}"):
-        if line.strip():
-            prompts.append(_parse_line(line, line_number, f"{flag} {path!r}", input_key, label_key))
+    records = _parquet_rows(file, source) if file.suffix == ".parquet" else _jsonl_objects(file, source)
+    prompts = [_prompt(record, where, input_key, label_key) for where, record in records]
     if not prompts:
         raise MilesConfigError(
-            f"{flag} {path!r} has no prompts (the file is empty or blank). Write one JSON object per line."
+            f"{source} has no prompts (the file is empty or blank). Write one JSON object per line, or one row per "
+            f"prompt."
         )
     return prompts
+
+
+def _jsonl_objects(file: Path, source: str) -> Iterator[tuple[str, dict]]:
+    """(where, object) of each non-blank line; a line that is not a JSON object is an error naming it."""
+    for line_number, line in _utf8_lines(file, source):
+        if not line.strip():
+            continue
+        where = f"{source} line {line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise MilesConfigError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); fix that line.") from exc
+        if not isinstance(record, dict):
+            raise MilesConfigError(
+                f"{where} is a JSON {type(record).__name__}, not an object; write one object per line.")
+        yield where, record
+
+
+def _parquet_rows(file: Path, source: str) -> Iterator[tuple[str, dict]]:
+    """(where, row as a dict of Python values) of each row of a Parquet file (pyarrow: a struct column's values
+    are dicts, a list column's lists)."""
+    import pyarrow
+    import pyarrow.parquet
+
+    try:
+        rows = pyarrow.parquet.read_table(file).to_pylist()
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise MilesConfigError(
+            f"{source} is not a readable Parquet file ({type(exc).__name__}: {exc}). Write it with pandas' or "
+            f"pyarrow's to_parquet, or pass a JSONL file.") from None
+    for row_number, row in enumerate(rows):
+        yield f"{source} row {row_number}", row
 
 
 def _utf8_lines(file: Path, source: str) -> Iterator[tuple[int, str]]:
@@ -52,14 +86,7 @@ def _utf8_lines(file: Path, source: str) -> Iterator[tuple[int, str]]:
             offset += len(raw)
 
 
-def _parse_line(line: str, line_number: int, source: str, input_key: str, label_key: str | None) -> dict:
-    where = f"{source} line {line_number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise MilesConfigError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); fix that line.") from exc
-    if not isinstance(record, dict):
-        raise MilesConfigError(f"{where} is a JSON {type(record).__name__}, not an object; write one object per line.")
+def _prompt(record: dict, where: str, input_key: str, label_key: str | None) -> dict:
     for key, flag in ((input_key, "--input-key"), (label_key, "--label-key")):
         if key is not None and key not in record:
             raise MilesConfigError(
@@ -71,8 +98,7 @@ def _parse_line(line: str, line_number: int, source: str, input_key: str, label_
         raise MilesConfigError(
             f"{where}: the prompt under {input_key!r} is a {type(prompt).__name__}, not a string; store the text."
         )
-    label = "" if label_key is None else record[label_key]
-    return {"prompt": prompt, "label": label if isinstance(label, str) else json.dumps(label)}
+    return {"prompt": prompt, "label": "" if label_key is None else record[label_key]}
 
 
 def load_prompts(args, path: str, flag: str, keys: tuple[str, str | None] | None = None) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class SampleStatus(str, enum.Enum):
@@ -28,7 +29,7 @@ class Sample:
     group_index: int  # index of the prompt within the rollout; samples of one prompt are contiguous
     index: int  # index of the sample within the rollout
     prompt: str
-    label: str
+    label: Any  # the dataset's value, as upstream keeps it: a string, a number, or an object as a dict
     tokens: list[int]
     response_length: int
     response: str = ""

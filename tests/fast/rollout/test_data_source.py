@@ -1,4 +1,4 @@
-"""Prompt JSONL loading (with its errors) and the deterministic rollout-batch source."""
+"""Prompt loading from JSONL and Parquet (with their errors) and the deterministic rollout-batch source."""
 
 import json
 import random
@@ -23,13 +23,16 @@ def test_loads_upstream_format_in_file_order(tmp_path):
     ]
 
 
-def test_custom_keys_and_non_string_labels(tmp_path):
-    path = _write(tmp_path, '{"question": "2+2=", "answer": 4}\n{"question": "x", "answer": [1, "a"]}\n')
+def test_custom_keys_and_labels_that_keep_their_json_value(tmp_path):
+    # upstream keeps the label as the dataset has it: its reward functions read sample.label["ground_truth"]
+    path = _write(tmp_path, '{"question": "2+2=", "answer": 4}\n{"question": "x", "answer": [1, "a"]}\n'
+                            '{"question": "y", "answer": {"ground_truth": "7"}}\n')
     assert load_prompt_data(path, "question", "answer") == [
-        {"prompt": "2+2=", "label": "4"},
-        {"prompt": "x", "label": '[1, "a"]'},
+        {"prompt": "2+2=", "label": 4},
+        {"prompt": "x", "label": [1, "a"]},
+        {"prompt": "y", "label": {"ground_truth": "7"}},
     ]
-    assert load_prompt_data(path, "question", None) == [{"prompt": "2+2=", "label": ""}, {"prompt": "x", "label": ""}]
+    assert load_prompt_data(path, "question", None) == [{"prompt": p, "label": ""} for p in ("2+2=", "x", "y")]
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
@@ -187,3 +190,33 @@ def test_a_resume_continues_at_the_saved_position_even_with_another_batch_size(s
         resumed.draw(2, 4)
     read = [p for batch in _rollouts(saving, range(3)) + _rollouts(resumed, (3, 4)) for p in batch]
     assert read == _stream_slice(shuffle, 0, 17)
+
+
+def _write_parquet(tmp_path, rows: list[dict], name="data.parquet") -> str:
+    import pyarrow
+    import pyarrow.parquet
+
+    path = tmp_path / name
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_parquet_rows_load_like_jsonl_lines_with_struct_labels_as_dicts(tmp_path):
+    rows = [{"prompt": "3+4=", "label": {"ground_truth": "7"}, "extra": 1},
+            {"prompt": "1+1=", "label": {"ground_truth": "2"}, "extra": 2}]
+    path = _write_parquet(tmp_path, rows)
+    assert load_prompt_data(path, "prompt", "label") == [
+        {"prompt": "3+4=", "label": {"ground_truth": "7"}}, {"prompt": "1+1=", "label": {"ground_truth": "2"}}]
+    # the same records as JSONL give the same prompts
+    jsonl = _write(tmp_path, "".join(json.dumps(row) + "\n" for row in rows))
+    assert load_prompt_data(jsonl, "prompt", "label") == load_prompt_data(path, "prompt", "label")
+
+
+def test_parquet_errors_name_the_row_the_key_and_the_file(tmp_path):
+    path = _write_parquet(tmp_path, [{"question": "2+2=", "answer": "4"}])
+    with pytest.raises(MilesConfigError, match=r"data\.parquet' row 0 has no key 'prompt'.*--input-key"):
+        load_prompt_data(path, "prompt", "answer")
+    broken = tmp_path / "broken.parquet"
+    broken.write_text('{"prompt": "not parquet"}\n')
+    with pytest.raises(MilesConfigError, match=r"broken\.parquet' is not a readable Parquet file"):
+        load_prompt_data(str(broken), "prompt", "label")

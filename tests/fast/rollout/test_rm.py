@@ -133,3 +133,80 @@ def test_long_prompts_are_shortened_in_errors():
     with pytest.raises(RewardFunctionError) as info:
         reward("x" * 10_000, "r", "l")
     assert len(str(info.value)) < 800
+
+
+# ---------------------------------------------------------------- upstream's form: reward_func(args, sample)
+
+UPSTREAM_REWARDS = '''
+import asyncio
+
+calls = []
+
+
+async def reward_func(args, sample, **kwargs):
+    calls.append(sample.index)
+    await asyncio.sleep(0)  # a real coroutine: awaited, not just called
+    return float(sample.response.strip() == sample.label["ground_truth"]) * args.scale
+
+
+def plain(args, sample):
+    return len(sample.response)
+
+
+async def raises(args, sample):
+    raise KeyError("ground_truth")
+
+
+def three(prompt, response, label):
+    return 1.0
+'''
+
+
+def _samples(labels, responses):
+    from miles.utils.types import Sample
+
+    return [Sample(group_index=0, index=i, prompt="3+4=", label=label, tokens=[], response_length=0, response=r)
+            for i, (label, r) in enumerate(zip(labels, responses, strict=True))]
+
+
+@pytest.fixture
+def upstream_rewards(tmp_path, monkeypatch):
+    (tmp_path / "upstream_rewards.py").write_text(UPSTREAM_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "upstream_rewards"
+    sys.modules.pop("upstream_rewards", None)
+
+
+def test_an_upstream_async_reward_gets_args_and_the_sample_with_its_dict_label(upstream_rewards):
+    from types import SimpleNamespace
+
+    reward = get_reward_fn("math_exact", f"{upstream_rewards}.reward_func")
+    samples = _samples([{"ground_truth": "7"}] * 3, ["7", " 8", "7 "])
+    assert reward.score(SimpleNamespace(scale=2.0), samples) == [2.0, 0.0, 2.0]
+    assert sys.modules[upstream_rewards].calls == [0, 1, 2]
+    plain = get_reward_fn("math_exact", f"{upstream_rewards}.plain")  # a plain function's number is taken as is
+    assert plain.score(None, samples) == [1.0, 2.0, 2.0]
+
+
+def test_miles_form_still_gets_the_label_as_text(upstream_rewards):
+    seen = []
+    reward = CheckedReward(lambda prompt, response, label: seen.append(label) or 1.0, "tests.text")
+    assert reward.score(None, _samples([7, {"ground_truth": "7"}, "7"], ["7", "7", "7"])) == [1.0, 1.0, 1.0]
+    assert seen == ["7", '{"ground_truth": "7"}', "7"]
+    assert get_reward_fn().score(None, _samples([7], ["7"])) == [1.0]  # the built-in compares with the text
+
+
+def test_upstream_form_errors_name_the_function_the_sample_and_the_fix(upstream_rewards):
+    reward = get_reward_fn("math_exact", f"{upstream_rewards}.raises")
+    with pytest.raises(RewardFunctionError, match=r"upstream_rewards\.raises raised KeyError.*prompt='3\+4='"):
+        reward.score(None, _samples([{}], ["7"]))
+    with pytest.raises(MilesConfigError, match=r"upstream's form, async def three\(args, sample.*package\.module:three"):
+        get_reward_fn("math_exact", f"{upstream_rewards}.three")
+    with pytest.raises(MilesConfigError, match=r"--custom-rm-path .*cannot be imported"):
+        get_reward_fn("math_exact", "no_such_pkg_xyz.reward_func")
+
+
+def test_the_shipped_upstream_form_example_scores_string_and_dict_labels():
+    reward = get_reward_fn("math_exact", "examples.custom_generate.reward.reward_func")
+    samples = _samples(["7", {"ground_truth": "7"}, {"ground_truth": "8"}, 7], ["7", " 7", "7", "7<eos>"])
+    assert reward.score(None, samples) == [1.0, 1.0, 0.0, 0.0]  # "7<eos>" is not "7": responses come decoded
