@@ -222,6 +222,7 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(ARCHITECTURE_DESTS, _NOT_GIVEN)))
     if (refusal := refused.refusal_line(args)) is not None:
         parser.error(refusal)  # exit 2, before any check reads a value and before Ray starts
+    accepted = refused.accepted_lines(args)
     args.architecture_given = {}
     for dest in ARCHITECTURE_DESTS:
         if getattr(args, dest) is _NOT_GIVEN:
@@ -230,6 +231,7 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
             args.architecture_given[dest] = getattr(args, dest)
     args.sglang_words = sglang_words
     miles_validate_args(args)
+    args.notes = [*accepted, *args.notes]  # said once at startup (configure_logging), with the corrections' note
     return args
 
 

@@ -68,6 +68,8 @@ class Refusal:
     # the code that defines a flag upstream's parser never has ("": the parser or a newer upstream's): an upstream
     # example's own driver or a generate function's add_arguments; that code's definition replaces the refusal
     defined_by: str = ""
+    # an accepted group's (docs/conformance.md, "Accepted upstream flags"): what runs here instead, said at startup
+    here: str = ""
 
     @property
     def absent_from_upstreams_parser(self) -> bool:
@@ -116,7 +118,7 @@ def load_refusals() -> dict[str, Refusal]:
         for flag, nargs in arity.items():
             refusals[flag] = Refusal(group, row["why"], nargs, tuple(row.get("accepts", {}).get(flag, ())),
                                      row.get("newer", {}).get(flag, row.get("newer_upstream", "")),
-                                     row.get("defined_by", ""))
+                                     row.get("defined_by", ""), row.get("here", ""))
     return refusals
 
 
@@ -175,8 +177,9 @@ def refused_markdown() -> str:
             flags_by_commit.setdefault(commit, []).append(f"`{flag}`")
         origin += "".join(f" ({', '.join(newer)}: upstream at {commit}, newer than the conformance check's parser)"
                           for commit, newer in flags_by_commit.items())
+        here = f"; here: {row['here']} (accepted: every upstream value, said once at startup)" if "here" in row else ""
         rows.append(f"| {group} ({len(flags)}) | {', '.join(f'`{flag}`' for flag in flags)} | {accepted} | "
-                    f"{row['why']}{origin} |")
+                    f"{row['why']}{here}{origin} |")
     return "\n".join(rows)
 
 

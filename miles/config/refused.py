@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from miles.config.departures import Refusal
 
 REFUSED_DEST = "refused_flags"  # (flag word as given, its Refusal), in command-line order
+ACCEPTED_DEST = "accepted_upstream_flags"  # likewise, the flags of accepted groups (a row with ``here``)
 SWITCH_ON = "on"  # an ``accepts`` entry for a switch: giving it is accepted
 DOCS = "docs/conformance.md#refused-upstream-flags"
 
@@ -29,10 +30,12 @@ class RefusedFlag(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         words = [] if self.nargs == 0 else [values] if isinstance(values, str) else list(values)
-        if is_accepted(self.refusal, words):
-            return
+        accepted = is_accepted(self.refusal, words)
+        if accepted and not self.refusal.here:
+            return  # what miles does anyway: nothing to say
         shown = " ".join([option_string, *words])
-        setattr(namespace, REFUSED_DEST, [*getattr(namespace, REFUSED_DEST, []), (shown, self.refusal)])
+        dest = ACCEPTED_DEST if accepted else REFUSED_DEST
+        setattr(namespace, dest, [*getattr(namespace, dest, []), (shown, self.refusal)])
 
 
 def is_accepted(refusal: Refusal, words: list[str]) -> bool:
@@ -64,6 +67,16 @@ def add_refused_arguments(parser: argparse.ArgumentParser) -> None:
 def implemented_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The parser's actions other than the refused upstream flags: the flags miles implements."""
     return [action for action in parser._actions if not isinstance(action, RefusedFlag)]
+
+
+def accepted_lines(namespace: argparse.Namespace) -> list[str]:
+    """One startup line per accepted group the launch used (what it asked for, what runs here instead); removes
+    the record from the namespace, so the run's ``args`` never carries it."""
+    by_group: dict[str, list] = {}
+    for shown, refusal in vars(namespace).pop(ACCEPTED_DEST, []):
+        by_group.setdefault(refusal.group, []).append((shown, refusal))
+    return [f"accepted upstream flags {', '.join(shown for shown, _ in items)}: {items[0][1].why}; here "
+            f"{items[0][1].here}: the same numbers ({DOCS})" for items in by_group.values()]
 
 
 def refusal_line(namespace: argparse.Namespace) -> str | None:

@@ -59,8 +59,7 @@ def test_one_line_names_every_refused_flag_of_the_launch_grouped_by_reason():
 def test_accepted_values_compare_as_numbers_and_set_nothing():
     plain = vars(_parse([]))
     for words in (["--context-parallel-size", "1"], ["--expert-model-parallel-size", "1.0"],
-                  ["--attention-softmax-in-fp32"],
-                  ["--attention-backend", "local"]):
+                  ["--attention-softmax-in-fp32"]):
         namespace = _parse(words)
         assert refusal_line(namespace) is None and vars(namespace) == plain, words
     assert refusal_line(_parse(["--context-parallel-size", "2"])) is not None
