@@ -62,6 +62,8 @@ class _TrainProcess:
         self.model = model
         self.model.module.train()
         self.steps = StepConfig.from_args(args)
+        if self.steps.deterministic:  # --deterministic-mode, as upstream's train processes set it up
+            torch.use_deterministic_algorithms(True, warn_only=False)
         self.checkpoints = CheckpointConfig.from_args(args, self.role)
         self.schedule = schedule_for_role(args, self.role)
         self.optimizer = build_optimizer(self.model.module.named_parameters(), OptimizerConfig.from_args(args),
@@ -208,7 +210,8 @@ class PolicyTrainer(_TrainProcess):
     def _forward_log_probs(self, model: TrainModel, samples: list[Sample]) -> Tensors:
         with model.eval_mode():
             return no_grad_passes(self.steps.max_tokens_per_no_grad_pass, samples,
-                                  lambda part: model.response_log_probs(part, self.temperature)[0])
+                                  lambda part: model.response_log_probs(
+                                      part, self.temperature, chunk_size=self.steps.log_probs_chunk_size)[0])
 
     def _snapshot_log_probs(self, rollout_id: int, samples: list[Sample]) -> Tensors:
         """The SNAPSHOT denominator: a recompute with the weights of the version that generated the rollout."""
@@ -280,8 +283,8 @@ class PolicyTrainer(_TrainProcess):
 
         def micro_batch_loss(indices: list[int], divisor: float):
             log_probs, entropy = self.model.response_log_probs(
-                [samples[i] for i in indices], self.temperature, with_entropy=True
-            )
+                [samples[i] for i in indices], self.temperature, with_entropy=True,
+                chunk_size=self.steps.log_probs_chunk_size)
             for i, lp in zip(indices, log_probs, strict=True):
                 if i in first_step and i not in first_step_log_probs:
                     first_step_log_probs[i] = lp.detach()

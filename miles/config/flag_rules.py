@@ -96,6 +96,7 @@ FLAG_RULES: dict[str, Range] = {
     "micro_batch_size": AT_LEAST_ONE,
     "max_tokens_per_gpu": AT_LEAST_ONE,
     "log_probs_max_tokens_per_gpu": AT_LEAST_ONE,
+    "log_probs_chunk_size": Range(low=-1, example="-1", why="-1 or 0 means the whole response at once"),
     "update_weights_interval": AT_LEAST_ONE,
     "start_rollout_id": Range(low=0, example="0", why="rollout ids count from 0"),
     "debug_exit_after_rollout": Range(low=0, example="0", why="rollout ids count from 0"),

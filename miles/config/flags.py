@@ -349,6 +349,13 @@ def add_batching_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--balance-data", action="store_true", default=False,
                        help="Share each optimizer step's samples over the data-parallel ranks so that each gets a "
                        "similar number of tokens (equal sample counts); the step's gradient is the same.")
+    group.add_argument("--log-probs-chunk-size", type=int, default=-1,
+                       help="Compute the log-softmax of a response this many tokens at a time, to bound the (tokens x "
+                       "vocabulary) intermediate; the log-probs are the same to float rounding. -1 or 0: the whole "
+                       "response at once. (default: %(default)s)")
+    group.add_argument("--deterministic-mode", action="store_true",
+                       help="Make each train process use only deterministic torch algorithms "
+                       "(torch.use_deterministic_algorithms), so two runs of the same launch give the same metrics.")
 
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:

@@ -199,10 +199,10 @@ class MegatronTrainModel(TrainModel):
             output = gather_last_dim(output, self.tensor_parallel_group)  # (B, T, padded V / TP) -> (B, T, padded V)
         return output[:, :length].cpu(), input_ids[:, :length]
 
-    def response_log_probs(self, samples, temperature, with_entropy=False):
+    def response_log_probs(self, samples, temperature, with_entropy=False, chunk_size=None):
         logits, input_ids = self._forward(samples)  # (B, T, padded V)
         logits = logits[..., : self.hf_config.vocab_size]  # (B, T, V): the padding's columns are no tokens
-        return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy)
+        return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy, chunk_size)
 
     def response_values(self, samples):
         scores, _ = self._forward(samples)  # (B, T, 1)

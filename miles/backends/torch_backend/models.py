@@ -21,12 +21,13 @@ from miles.utils.types import Sample
 
 
 def response_log_probs(
-    model: torch.nn.Module, samples: list[Sample], temperature: float, with_entropy: bool = False
+    model: torch.nn.Module, samples: list[Sample], temperature: float, with_entropy: bool = False,
+    chunk_size: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per-sample log-probs (and entropies) of the response tokens of a HF causal LM, each 1-D of response_length."""
     input_ids, attention_mask = pad_right(samples)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
-    return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy)
+    return gather_response_log_probs(logits, input_ids, samples, temperature, with_entropy, chunk_size)
 
 
 def response_values(model: torch.nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
@@ -65,8 +66,8 @@ class HFTrainModel(TrainModel):
         enable_recompute(module, recompute)
         return cls(module)
 
-    def response_log_probs(self, samples, temperature, with_entropy=False):
-        return response_log_probs(self.module, samples, temperature, with_entropy)
+    def response_log_probs(self, samples, temperature, with_entropy=False, chunk_size=None):
+        return response_log_probs(self.module, samples, temperature, with_entropy, chunk_size)
 
     def response_values(self, samples):
         return response_values(self.module, samples)

@@ -38,13 +38,16 @@ class StepConfig:
     max_tokens_per_micro_batch: int | None  # --max-tokens-per-gpu under --use-dynamic-batch-size, else None
     max_tokens_per_no_grad_pass: int | None  # --log-probs-max-tokens-per-gpu, likewise
     balance_data: bool
+    log_probs_chunk_size: int | None = None  # tokens per log-softmax (--log-probs-chunk-size > 0), else whole
+    deterministic: bool = False  # --deterministic-mode: deterministic torch algorithms only, in this process
 
     @classmethod
     def from_args(cls, args) -> StepConfig:
         dynamic = args.use_dynamic_batch_size
         return cls(args.global_batch_size, args.micro_batch_size, args.calculate_per_token_loss, args.clip_grad,
                    args.max_tokens_per_gpu if dynamic else None, args.log_probs_max_tokens_per_gpu if dynamic else None,
-                   args.balance_data)
+                   args.balance_data, args.log_probs_chunk_size if args.log_probs_chunk_size > 0 else None,
+                   args.deterministic_mode)
 
 
 def run_optimizer_steps(

@@ -33,7 +33,8 @@ def response_slices(samples: list[Sample]) -> list[slice]:
 
 
 def gather_response_log_probs(
-    logits: torch.Tensor, input_ids: torch.Tensor, samples: list[Sample], temperature: float, with_entropy: bool
+    logits: torch.Tensor, input_ids: torch.Tensor, samples: list[Sample], temperature: float, with_entropy: bool,
+    chunk_size: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per-sample log-probs (and entropies) of the response tokens from full-vocabulary logits (B, T, V).
 
@@ -41,20 +42,37 @@ def gather_response_log_probs(
     A sample drawn by a truncated sampler (``sample.sampling_kept_ids``) is scored under the engine's kept set:
     log_softmax over the kept tokens only, -inf outside (``miles.rollout.sampling``), so the recomputed log-probs
     are those of the distribution the engine sampled from, for the old, the current and the reference policy.
+    ``chunk_size`` (--log-probs-chunk-size): the log-softmax runs over that many tokens at a time, so its
+    (tokens, V) intermediates stay that small; each token's row is the same computation either way.
     """
     log_probs, entropies = [], []
     for row, (sample, span) in enumerate(zip(samples, response_slices(samples), strict=True)):
-        scaled = logits[row, span].float() / temperature  # (R, V)
-        if sample.sampling_kept_ids is not None:
-            scaled = scaled.masked_fill(~kept_mask(sample.sampling_kept_ids, scaled.shape[-1]), float("-inf"))
-        token_log_probs = F.log_softmax(scaled, dim=-1)  # (R, V)
         targets = input_ids[row, span.start + 1 : span.stop + 1]  # (R,)
-        log_probs.append(token_log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        step = chunk_size or max(targets.numel(), 1)
+        kept = sample.sampling_kept_ids
+        parts = [_token_log_probs(logits[row, span][start : start + step], targets[start : start + step],
+                                  None if kept is None else kept[start : start + step], temperature, with_entropy)
+                 for start in range(0, max(targets.numel(), 1), step)]  # an empty response: one empty part
+        log_probs.append(torch.cat([part[0] for part in parts]))
         if with_entropy:
-            # outside a kept set p = 0 and log p = -inf: the clamp makes those terms 0 * finite = 0, not nan
-            finite_log_probs = token_log_probs.clamp(min=torch.finfo(token_log_probs.dtype).min)
-            entropies.append(-(token_log_probs.exp() * finite_log_probs).sum(-1))
+            entropies.append(torch.cat([part[1] for part in parts]))
     return log_probs, (entropies if with_entropy else None)
+
+
+def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor, kept_ids: list[list[int]] | None,
+                     temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs, entropies or None) of ``targets`` (R,) under ``logits`` (R, V) of R response positions, scored
+    under the engine's kept set of each position when it sampled from one (``kept_ids``)."""
+    scaled = logits.float() / temperature  # (R, V)
+    if kept_ids is not None:
+        scaled = scaled.masked_fill(~kept_mask(kept_ids, scaled.shape[-1]), float("-inf"))
+    token_log_probs = F.log_softmax(scaled, dim=-1)  # (R, V)
+    log_probs = token_log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return log_probs, None
+    # outside a kept set p = 0 and log p = -inf: the clamp makes those terms 0 * finite = 0, not nan
+    finite_log_probs = token_log_probs.clamp(min=torch.finfo(token_log_probs.dtype).min)
+    return log_probs, -(token_log_probs.exp() * finite_log_probs).sum(-1)
 
 
 def gather_response_values(scores: torch.Tensor, samples: list[Sample]) -> list[torch.Tensor]:

@@ -36,9 +36,10 @@ class TrainModel:
 
     # ---- what a backend supplies -------------------------------------------------------------------------------
     def response_log_probs(
-        self, samples: list[Sample], temperature: float, with_entropy: bool = False
+        self, samples: list[Sample], temperature: float, with_entropy: bool = False, chunk_size: int | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per-sample log-probs (and entropies) of the response tokens, each 1-D of response_length."""
+        """Per-sample log-probs (and entropies) of the response tokens, each 1-D of response_length; the log-softmax
+        ``chunk_size`` tokens at a time when given (``responses.gather_response_log_probs``)."""
         raise NotImplementedError
 
     def response_values(self, samples: list[Sample]) -> list[torch.Tensor]:
