@@ -463,6 +463,11 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
              "defaults); overrides --eval-prompt-data (docs/training.md, Evaluation datasets). (default: none)",
     )
     group.add_argument("--input-key", default="prompt", help="JSONL key of the prompt. (default: %(default)s)")
+    group.add_argument("--eval-input-key", type=str, default=None,
+                       help="The evaluation datasets' prompt key, where a dataset (or --eval-config's defaults) names "
+                       "none. (default: --input-key)")
+    group.add_argument("--eval-label-key", type=str, default=None,
+                       help="The evaluation datasets' label key, likewise. (default: --label-key)")
     group.add_argument(
         "--apply-chat-template", action="store_true",
         help="Render each prompt as one user message through the tokenizer's chat template (with the generation "

@@ -57,8 +57,10 @@ class EvalDataset:
 
 
 KEYS = tuple(f.name for f in fields(EvalDataset))
-# the field's value when neither the dataset nor ``defaults`` sets it: the launch's flag (its dest)
-FROM_ARGS = {"rm_type": "rm_type", "input_key": "input_key", "label_key": "label_key",
+# the field's value when neither the dataset nor ``defaults`` sets it: the launch's flag (its dest), or the first of
+# several that is set (upstream's order: --eval-input-key, then --input-key)
+FROM_ARGS = {"rm_type": "rm_type", "input_key": ("eval_input_key", "input_key"),
+             "label_key": ("eval_label_key", "label_key"),
              "n_samples_per_eval_prompt": "n_samples_per_eval_prompt", "temperature": "eval_temperature",
              "top_p": "eval_top_p", "top_k": "eval_top_k", "max_response_len": "eval_max_response_len",
              "stop": "rollout_stop", "stop_token_ids": "rollout_stop_token_ids"}
@@ -140,7 +142,8 @@ def resolve_dataset(args, entry: dict, defaults: dict, source: str) -> EvalDatas
     for key in KEYS:
         value = entry.get(key, defaults.get(key))
         if value is None and key in FROM_ARGS:
-            value = getattr(args, FROM_ARGS[key])
+            dests = FROM_ARGS[key] if isinstance(FROM_ARGS[key], tuple) else (FROM_ARGS[key],)
+            value = next((getattr(args, dest) for dest in dests if getattr(args, dest) is not None), None)
         values[key] = _checked(where, key, value)
     return EvalDataset(**values)
 

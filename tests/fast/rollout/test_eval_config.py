@@ -49,6 +49,23 @@ eval:
                             max_response_len=2, stop=("=",), stop_token_ids=(7,))
 
 
+def test_the_eval_keys_come_before_the_launchs_keys_and_after_the_datasets_own(tmp_path):
+    # upstream's order: the dataset's key, the config's defaults, --eval-input-key / --eval-label-key, the launch's
+    config = _config(tmp_path, """
+eval:
+  datasets:
+    - {name: own, path: /o.jsonl, input_key: question, label_key: solution}
+    - {name: flags, path: /f.jsonl}
+""")
+    args = _args("--eval-config", config, "--eval-input-key", "problem", "--eval-label-key", "answer",
+                 "--input-key", "text", "--label-key", "gold")
+    own, flags = eval_datasets(args)
+    assert (own.input_key, own.label_key) == ("question", "solution")
+    assert (flags.input_key, flags.label_key) == ("problem", "answer")
+    plain = eval_datasets(_args("--eval-config", config, "--input-key", "text", "--label-key", "gold"))[1]
+    assert (plain.input_key, plain.label_key) == ("text", "gold")
+
+
 def test_datasets_keyed_by_name_at_the_root_and_the_config_overrides_eval_prompt_data(tmp_path):
     config = _config(tmp_path, "datasets:\n  x: {path: /x.jsonl}\n  y: {path: /y.jsonl, rm_type: math_exact}\n")
     args = _args("--eval-config", config, "--eval-prompt-data", "z", "/z.jsonl", "--n-samples-per-prompt", "2")
