@@ -59,3 +59,15 @@ def weights(trainer) -> dict[str, torch.Tensor]:
 
 def max_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
     return max(float((before[name] - after[name]).abs().max()) for name in before if torch.is_tensor(before[name]))
+
+
+def metrics_of_one_trained_rollout(embedded: EmbeddedPaths, *flags: str) -> dict:
+    """A fresh GRPO actor with ``flags`` prepared and trained on rollout 0 of a real engine: its metrics without the
+    ``perf/`` timings, and the fingerprint of the weights it pushes after the step ("pushed fingerprint")."""
+    trainer = policy_trainer(embedded, "--advantage-estimator", "grpo", *flags)
+    trainer.init()
+    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
+    metrics = trainer.prepare(0, make_rollout(embedded, engine, 0), expected_staleness=0)
+    metrics.update(trainer.train(0))
+    metrics["pushed fingerprint"] = trainer.export_weights(rollouts_trained=1, after_training=True)["fingerprint"]
+    return {name: value for name, value in metrics.items() if not name.startswith("perf/")}

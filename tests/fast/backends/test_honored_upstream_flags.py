@@ -7,7 +7,7 @@ import torch
 
 from miles.backends.training_utils.responses import gather_response_log_probs
 from miles.utils.types import Sample
-from tests.fast.trainers import engine_with, make_rollout, trainer_args
+from tests.fast.trainers import metrics_of_one_trained_rollout
 
 VOCAB = 11
 
@@ -35,24 +35,14 @@ def test_chunked_log_probs_and_entropies_are_the_whole_responses(chunk_size):
     assert all(torch.isfinite(lp).all() for lp in chunked[0]) and chunked[0][1].shape == (5,)
 
 
-def _trained_metrics(embedded, *flags: str) -> dict:
-    from miles.backends.train_process import PolicyTrainer
-
-    trainer = PolicyTrainer(trainer_args(embedded, "--advantage-estimator", "grpo", *flags), num_threads=1)
-    trainer.init()
-    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
-    rollout = make_rollout(embedded, engine, 0)
-    metrics = trainer.prepare(0, rollout, expected_staleness=0)
-    metrics.update(trainer.train(0))
-    return {name: value for name, value in metrics.items() if not name.startswith("perf/")}
-
-
 @pytest.mark.usefixtures("restore_torch_threads")
 def test_a_rollout_trains_to_the_same_metrics_with_log_probs_in_chunks(embedded):
-    plain, chunked = _trained_metrics(embedded), _trained_metrics(embedded, "--log-probs-chunk-size", "2")
+    plain = metrics_of_one_trained_rollout(embedded)
+    chunked = metrics_of_one_trained_rollout(embedded, "--log-probs-chunk-size", "2")
     assert chunked.keys() == plain.keys()
     for name, value in plain.items():  # float32 rounding of the chunks' batching, through one optimizer step
-        assert chunked[name] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-5, abs=1e-7)), name
+        if name != "pushed fingerprint":  # the weights after the step differ by that rounding, so their hash does
+            assert chunked[name] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-5, abs=1e-7)), name
 
 
 @pytest.fixture
@@ -65,6 +55,6 @@ def restore_deterministic_algorithms():
 @pytest.mark.usefixtures("restore_torch_threads", "restore_deterministic_algorithms")
 def test_deterministic_mode_is_on_in_the_train_process_and_repeats_a_run_exactly(embedded):
     torch.use_deterministic_algorithms(False)
-    first = _trained_metrics(embedded, "--deterministic-mode")
+    first = metrics_of_one_trained_rollout(embedded, "--deterministic-mode")
     assert torch.are_deterministic_algorithms_enabled()
-    assert _trained_metrics(embedded, "--deterministic-mode") == first
+    assert metrics_of_one_trained_rollout(embedded, "--deterministic-mode") == first

@@ -6,7 +6,7 @@ import pytest
 
 from miles.config.departures import load_refusals
 from miles.utils.arguments import parse_args
-from tests.fast.trainers import engine_with, make_rollout, trainer_args
+from tests.fast.trainers import metrics_of_one_trained_rollout
 
 # Every accepted flag with a value upstream allows, written out from upstream's parser (miles-rl 0.0.2 with its
 # megatron-core): --attention-backend's AttnBackend, --transformer-impl's and --megatron-to-hf-mode's choices.
@@ -45,23 +45,9 @@ def test_a_value_upstream_does_not_allow_is_refused_by_name(capsys):
     assert stopped.value.code == 2 and "upstream flags miles refuses: --attention-backend flsh: " in capsys.readouterr().err
 
 
-def _metrics_of_one_trained_rollout(embedded, *flags: str) -> dict:
-    from miles.backends.train_process import PolicyTrainer
-
-    trainer = PolicyTrainer(trainer_args(embedded, "--advantage-estimator", "grpo", *flags), num_threads=1)
-    trainer.init()
-    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
-    rollout = make_rollout(embedded, engine, 0)
-    metrics = trainer.prepare(0, rollout, expected_staleness=0)
-    metrics.update(trainer.train(0))
-    pushed = trainer.export_weights(rollouts_trained=1, after_training=True)
-    metrics["pushed fingerprint"] = pushed["fingerprint"]
-    return {name: value for name, value in metrics.items() if not name.startswith("perf/")}
-
-
 @pytest.mark.usefixtures("restore_torch_threads")
 @pytest.mark.parametrize("backend", ["torch", "megatron"])
 def test_a_rollout_trains_to_the_same_metrics_and_weights_with_and_without_them(embedded, backend):
-    plain = _metrics_of_one_trained_rollout(embedded, "--train-backend", backend)
-    accepted = _metrics_of_one_trained_rollout(embedded, "--train-backend", backend, *EVERY_ACCEPTED)
+    plain = metrics_of_one_trained_rollout(embedded, "--train-backend", backend)
+    accepted = metrics_of_one_trained_rollout(embedded, "--train-backend", backend, *EVERY_ACCEPTED)
     assert accepted == plain  # bit for bit, the weights' fingerprint after the step included
