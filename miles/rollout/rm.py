@@ -100,6 +100,9 @@ class UpstreamReward(CheckedReward):
     """Upstream's form, ``reward_func(args, sample)``: every sample's call is made, the awaitable results awaited
     together in one event loop (as upstream gathers them), and each result checked."""
 
+    def __call__(self, args, sample: Sample) -> float:  # upstream's call shape, not the (prompt, response, label) one
+        return self.score(args, [sample])[0]
+
     def score(self, args, samples: list[Sample]) -> list[float]:
         results = []
         for sample in samples:

@@ -210,3 +210,10 @@ def test_the_shipped_upstream_form_example_scores_string_and_dict_labels():
     reward = get_reward_fn("math_exact", "examples.custom_generate.reward.reward_func")
     samples = _samples(["7", {"ground_truth": "7"}, {"ground_truth": "8"}, 7], ["7", " 7", "7", "7<eos>"])
     assert reward.score(None, samples) == [1.0, 1.0, 0.0, 0.0]  # "7<eos>" is not "7": responses come decoded
+
+
+def test_an_upstream_reward_called_alone_takes_args_and_a_sample(upstream_rewards):
+    from types import SimpleNamespace
+
+    reward = get_reward_fn("math_exact", f"{upstream_rewards}.reward_func")
+    assert reward(SimpleNamespace(scale=1.0), _samples([{"ground_truth": "7"}], ["7"])[0]) == 1.0
