@@ -1,6 +1,8 @@
 """Fixtures shared by the fast tests: one embedded default built into a temporary cache for the whole session, and
 one tiny random Qwen3 (tests/tiny_qwen3.py)."""
 
+import sys
+
 import pytest
 import torch
 
@@ -16,6 +18,23 @@ def embedded(tmp_path_factory) -> EmbeddedPaths:
 @pytest.fixture(scope="session")
 def qwen3_checkpoint(tmp_path_factory, embedded) -> str:
     return save_tiny_qwen3(tmp_path_factory.mktemp("qwen3"), embedded.checkpoint_dir)
+
+
+@pytest.fixture
+def importable_module(tmp_path, monkeypatch):
+    """``write(name, text) -> name``: a module of that source, importable as ``name`` for one test (a plug-in, a
+    reward or TIS function named by a dotted path) and forgotten after it, passed or failed."""
+    written = []
+
+    def write(name: str, text: str) -> str:
+        (tmp_path / f"{name}.py").write_text(text)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture

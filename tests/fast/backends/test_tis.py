@@ -7,7 +7,6 @@ is far above the rounding of a sum of a few terms (~1e-15 relative) while any fo
 import itertools
 import math
 import random
-import sys
 
 import pytest
 import torch
@@ -219,14 +218,14 @@ def test_upstream_builtins_equal_upstream_formulas(name, seed):
     assert metrics["tis_clipfrac"].tolist() == [float(w != x) for w, x in zip(weights, ratios)]
 
 
-def test_a_user_function_loaded_by_path_is_the_loss_entry_point(tmp_path, monkeypatch):
-    (tmp_path / "my_tis.py").write_text(
+def test_a_user_function_loaded_by_path_is_the_loss_entry_point(importable_module):
+    importable_module(
+        "my_tis",
         "def half(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):\n"
         "    masks = [m.clone() for m in loss_masks]\n"
         "    masks[0][0] = 0\n"
-        "    return pg_loss * 0.5, masks, {'seen_tis_clip': pg_loss * 0 + args.tis_clip}\n"
+        "    return pg_loss * 0.5, masks, {'seen_tis_clip': pg_loss * 0 + args.tis_clip}\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
     batch = {
         "loss_masks": [torch.tensor([1.0, 1.0]), torch.tensor([1.0])],
         "advantages": [torch.tensor([1.0, 1.0]), torch.tensor([-1.0])],
@@ -241,7 +240,6 @@ def test_a_user_function_loaded_by_path_is_the_loss_entry_point(tmp_path, monkey
     assert metrics["seen_tis_clip"] == 3.0
     loss.backward()
     assert log_probs[0].grad.tolist() == pytest.approx([0.0, -0.25])  # the masked token gets no gradient
-    sys.modules.pop("my_tis", None)
 
 
 @pytest.mark.parametrize("path, needle", [

@@ -4,7 +4,6 @@ flag; without the code that defines them, those flags are refused in one line, a
 implements stays argparse's error."""
 
 import argparse
-import sys
 import textwrap
 
 import pytest
@@ -34,11 +33,8 @@ PLUGIN = textwrap.dedent('''
 
 
 @pytest.fixture
-def plugin(tmp_path, monkeypatch):
-    (tmp_path / "agent_plugin.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "agent_plugin"
-    sys.modules.pop("agent_plugin", None)
+def plugin(importable_module):
+    return importable_module("agent_plugin", PLUGIN)
 
 
 def test_the_generate_functions_flags_parse_with_their_values(plugin):

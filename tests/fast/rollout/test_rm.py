@@ -170,11 +170,8 @@ def _samples(labels, responses):
 
 
 @pytest.fixture
-def upstream_rewards(tmp_path, monkeypatch):
-    (tmp_path / "upstream_rewards.py").write_text(UPSTREAM_REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "upstream_rewards"
-    sys.modules.pop("upstream_rewards", None)
+def upstream_rewards(importable_module):
+    return importable_module("upstream_rewards", UPSTREAM_REWARDS)
 
 
 def test_an_upstream_async_reward_gets_args_and_the_sample_with_its_dict_label(upstream_rewards):
