@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from miles.backends import ModelSpec
-from miles.backends.training_utils import checkpoint
 from miles.backends.training_utils.advantages import AdvantageConfig, critic_returns, policy_advantages
 from miles.backends.training_utils.loss import LossConfig, policy_loss, value_loss
 from miles.backends.training_utils.loss_hub.mismatch import MismatchConfig, policy_vs_behavior, rollout_report
@@ -58,20 +57,20 @@ class _TrainProcess:
 
     role = ""
 
-    def __init__(self, args, model: TrainModel) -> None:
+    def __init__(self, args, model: TrainModel, checkpoints: CheckpointConfig | None = None) -> None:
         self.model = model
         self.model.module.train()
         self.steps = StepConfig.from_args(args)
         if self.steps.deterministic:  # --deterministic-mode, as upstream's train processes set it up
             torch.use_deterministic_algorithms(True, warn_only=False)
-        self.checkpoints = CheckpointConfig.from_args(args, self.role)
+        self.checkpoints = checkpoints or CheckpointConfig.from_args(args, self.role)
         self.schedule = schedule_for_role(args, self.role)
         self.optimizer = build_optimizer(self.model.module.named_parameters(), OptimizerConfig.from_args(args),
                                          self.schedule.max_lr)
         self.optimizer_steps = 0  # iterations so far, over the whole run (lr_schedule's module docstring)
         self.trained_rollout: int | None = None  # the rollout whose training the live weights hold; None part-way
         # set once the model (and its process groups) exist; the loss's hooks and cp_utils read it too
-        state = process_parallel_state(self.checkpoints.tensor_parallel_size)
+        state = process_parallel_state(args.tensor_model_parallel_size)
         set_parallel_state(state)
         self.data_parallel = data_parallel_rank(state)
 
@@ -143,10 +142,11 @@ class PolicyTrainer(_TrainProcess):
 
     def __init__(self, args, num_threads: int = 1) -> None:
         self.models = ModelSpec.from_args(args)
-        folder = CheckpointConfig.from_args(args, self.role).model_folder()
-        super().__init__(args, self._load_model(self.models, self.role, folder, num_threads))
-        self.corrections = corrections.in_effect(args)  # the corrections table's rows this run chose
+        checkpoints = CheckpointConfig.from_args(args, self.role)
+        super().__init__(args, self._load_model(self.models, self.role, checkpoints.model_folder(), num_threads),
+                         checkpoints)
         self.loss_config = LossConfig.from_args(args)
+        self.corrections = self.loss_config.corrections  # the corrections table's rows this run chose
         self.advantages = AdvantageConfig.from_args(args)
         self.mismatch = MismatchConfig.from_args(args)
         self.guard = BatchGuard(GuardConfig.from_args(args))
@@ -179,8 +179,7 @@ class PolicyTrainer(_TrainProcess):
             return self.checkpoints.first_rollout(None)
         self.exporter.version = state["weight_version"]
         if exact_resume:
-            role_dir = checkpoint.rollout_dir(self.checkpoints.load, state["rollout_id"]) / self.role
-            self.exporter.restore(state, role_dir, self.models.load_frozen)
+            self.exporter.restore(state, self.checkpoints.role_dir(state["rollout_id"]), self.models.load_frozen)
             restore_rng(state)  # loading a model seeds torch
         return self.checkpoints.first_rollout(state)
 
@@ -311,8 +310,9 @@ class ValueTrainer(_TrainProcess):
     role = "critic"
 
     def __init__(self, args, num_threads: int = 1) -> None:
-        folder = CheckpointConfig.from_args(args, self.role).model_folder()
-        super().__init__(args, self._load_model(ModelSpec.from_args(args), self.role, folder, num_threads))
+        checkpoints = CheckpointConfig.from_args(args, self.role)
+        super().__init__(args, self._load_model(ModelSpec.from_args(args), self.role, checkpoints.model_folder(),
+                                                num_threads), checkpoints)
         self.loss_config = LossConfig.from_args(args)
         self.advantages = AdvantageConfig.from_args(args)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -29,10 +30,14 @@ class CheckpointConfig:
         return cls(role, args.load if role == "actor" else args.critic_load, args.hf_checkpoint, args.train_backend,
                    args.optimizer, args.tensor_model_parallel_size, args.start_rollout_id)
 
+    def role_dir(self, rollout_id: int) -> Path:
+        """The role's folder in the checkpoint of ``rollout_id`` under ``load``."""
+        return checkpoint.rollout_dir(self.load, rollout_id) / self.role
+
     def model_folder(self) -> str:
         """Where the role's weights load from: the latest checkpoint under ``load``, else ``hf_checkpoint``."""
         rollout_id = checkpoint.latest_rollout_id(self.load) if self.load else None
-        return self.hf_checkpoint if rollout_id is None else str(checkpoint.rollout_dir(self.load, rollout_id) / self.role)
+        return self.hf_checkpoint if rollout_id is None else str(self.role_dir(rollout_id))
 
     def first_rollout(self, state: dict | None) -> int:
         """The first rollout to train: --start-rollout-id, else the one after the loaded checkpoint's, else 0."""
@@ -73,7 +78,7 @@ def load_role_state(config: CheckpointConfig, model: TrainModel, optimizer: torc
     rollout_id = checkpoint.latest_rollout_id(config.load) if config.load else None
     if rollout_id is None:
         return None
-    role_dir = checkpoint.rollout_dir(config.load, rollout_id) / config.role
+    role_dir = config.role_dir(rollout_id)
     state = checkpoint.load_trainer_state(role_dir)
     checkpoint.check_same_train_backend(state, role_dir, config.train_backend)
     checkpoint.check_same_tensor_parallel_size(state, role_dir, config.tensor_parallel_size)
