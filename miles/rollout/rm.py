@@ -81,12 +81,12 @@ class CheckedReward:
         self.name = name
 
     def __call__(self, prompt: str, response: str, label: str) -> float:
-        where = _where(prompt, response, label)
+        context = (prompt, response, label)  # named in an error only, so formatted only then
         try:
             value = self.fn(prompt, response, label)
         except Exception as exc:
-            raise _raised(self.name, exc, where) from exc
-        return _checked(value, self.name, where)
+            raise _raised(self.name, exc, context) from exc
+        return _checked(value, self.name, context)
 
     def score(self, args, samples: list[Sample]) -> list[float]:
         """The reward of each sample, in order."""
@@ -104,44 +104,45 @@ class UpstreamReward(CheckedReward):
         return self.score(args, [sample])[0]
 
     def score(self, args, samples: list[Sample]) -> list[float]:
+        contexts = [(sample.prompt, sample.response, sample.label) for sample in samples]
         results = []
-        for sample in samples:
+        for sample, context in zip(samples, contexts, strict=True):
             try:
                 results.append(self.fn(args, sample))
             except Exception as exc:
-                raise _raised(self.name, exc, _where(sample.prompt, sample.response, sample.label)) from exc
+                raise _raised(self.name, exc, context) from exc
         pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
         if pending:
             awaited = asyncio.run(_gather([results[index] for index in pending]))
             for index, value in zip(pending, awaited, strict=True):
                 if isinstance(value, BaseException):
-                    sample = samples[index]
-                    raise _raised(self.name, value, _where(sample.prompt, sample.response, sample.label)) from value
+                    raise _raised(self.name, value, contexts[index]) from value
                 results[index] = value
-        return [_checked(value, self.name, _where(sample.prompt, sample.response, sample.label))
-                for value, sample in zip(results, samples, strict=True)]
+        return [_checked(value, self.name, context) for value, context in zip(results, contexts, strict=True)]
 
 
 async def _gather(awaitables: list):
     return await asyncio.gather(*awaitables, return_exceptions=True)
 
 
-def _where(prompt, response, label) -> str:
+def _where(context: tuple) -> str:
+    """The (prompt, response, label) a reward was asked for, shortened, for an error."""
+    prompt, response, label = context
     return f"prompt={_short(prompt)}, response={_short(response)}, label={_short(label)}"
 
 
-def _raised(name: str, exc: BaseException, where: str) -> RewardFunctionError:
+def _raised(name: str, exc: BaseException, context: tuple) -> RewardFunctionError:
     return RewardFunctionError(
-        f"reward function {name} raised {type(exc).__name__}: {exc} for {where}. Fix the function so it returns a "
-        f"float for every response (e.g. 0.0 for an unparsable one).")
+        f"reward function {name} raised {type(exc).__name__}: {exc} for {_where(context)}. Fix the function so it "
+        f"returns a float for every response (e.g. 0.0 for an unparsable one).")
 
 
-def _checked(value, name: str, where: str) -> float:
+def _checked(value, name: str, context: tuple) -> float:
     if isinstance(value, numbers.Real) and math.isfinite(float(value)):
         return float(value)
     raise RewardFunctionError(
-        f"reward function {name} returned {value!r} ({type(value).__name__}) for {where}; a reward must be a finite "
-        f"real number (not NaN, inf or a non-number). Fix the function's return value."
+        f"reward function {name} returned {value!r} ({type(value).__name__}) for {_where(context)}; a reward must be "
+        f"a finite real number (not NaN, inf or a non-number). Fix the function's return value."
     )
 
 
