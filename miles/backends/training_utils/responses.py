@@ -48,11 +48,11 @@ def gather_response_log_probs(
     log_probs, entropies = [], []
     for row, (sample, span) in enumerate(zip(samples, response_slices(samples), strict=True)):
         targets = input_ids[row, span.start + 1 : span.stop + 1]  # (R,)
-        step = chunk_size or max(targets.numel(), 1)
-        kept = sample.sampling_kept_ids
+        length = max(targets.numel(), 1)  # an empty response: one empty part
+        step, kept = chunk_size or length, sample.sampling_kept_ids
         parts = [_token_log_probs(logits[row, span][start : start + step], targets[start : start + step],
                                   None if kept is None else kept[start : start + step], temperature, with_entropy)
-                 for start in range(0, max(targets.numel(), 1), step)]  # an empty response: one empty part
+                 for start in range(0, length, step)]
         log_probs.append(torch.cat([part[0] for part in parts]))
         if with_entropy:
             entropies.append(torch.cat([part[1] for part in parts]))
