@@ -119,6 +119,7 @@ def get_miles_extra_args_provider(add_custom_arguments=None):
         flags.add_parallel_arguments(parser)
         flags.add_architecture_arguments(parser)
         flags.add_rollout_arguments(parser)
+        flags.add_router_arguments(parser)
         flags.add_checkpoint_and_logging_arguments(parser)
         if not getattr(parser, "refused_flags_pending", False):  # else the parser adds them when it meets one
             refused.add_refused_arguments(parser)

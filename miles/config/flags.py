@@ -589,6 +589,27 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    """The router in front of the engines' HTTP servers, upstream's flags (docs/rollout.md)."""
+    group = parser.add_argument_group("router and HTTP")
+    group.add_argument("--sglang-router-ip", type=str, default=None,
+                       help="Address of a running sglang-router to register the engines with. (default: miles starts "
+                       "one on 127.0.0.1 and fills this in)")
+    group.add_argument("--sglang-router-port", type=int, default=None,
+                       help="Port of that router (with --sglang-router-ip). (default: a free port of the router miles "
+                       "starts)")
+    group.add_argument("--sglang-router-policy", type=str, default=None,
+                       help="The router's load-balancing policy (sglang-router's --policy: random, round_robin, "
+                       "cache_aware, power_of_two, manual). (default: round_robin)")
+    group.add_argument("--sglang-router-request-timeout-secs", type=int, default=14400,
+                       help="Seconds the router waits for an engine's answer (sglang-router's "
+                       "--request-timeout-secs). (default: %(default)s)")
+    group.add_argument("--rollout-request-timeout", type=float, default=600.0,
+                       help="Seconds a generate or reward function's HTTP request (miles.utils.http_utils.post) may "
+                       "wait for its answer before the run stops naming it: a hung server is an error, never a hang. "
+                       "(default: %(default)s)")
+
+
 def add_checkpoint_and_logging_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("checkpoints and logging")
     group.add_argument("--save", default=None, help="Folder to save checkpoints to. (default: no checkpoints)")

@@ -8,6 +8,8 @@ parsed and checked by SGLang's own parser in the preflight (``miles.rollout.sgla
 from __future__ import annotations
 
 PREFIX = "--sglang-"
+# upstream's router flags, miles' own (``flags.add_router_arguments``), not SGLang server arguments
+ROUTER_PREFIX = "--sglang-router-"
 # argparse's negation of a boolean SGLang switch: upstream registers SGLang's ``--NAME`` as ``--sglang-NAME``, and a
 # BooleanOptionalAction then adds ``--no-sglang-NAME`` for SGLang's ``--no-NAME``
 NEGATED_PREFIX = "--no-sglang-"
@@ -16,6 +18,8 @@ NEGATED_PREFIX = "--no-sglang-"
 def sglang_option(word: str) -> str | None:
     """The SGLang option a word names (``--sglang-tp-size=2`` -> ``--tp-size``, ``--no-sglang-foo`` ->
     ``--no-foo``), or None for a word that is not an SGLang server argument."""
+    if word.startswith(ROUTER_PREFIX):
+        return None
     for prefix, option_prefix in ((PREFIX, "--"), (NEGATED_PREFIX, "--no-")):
         if word.startswith(prefix) and len(word) > len(prefix):
             return option_prefix + word[len(prefix):].split("=", 1)[0]

@@ -53,11 +53,16 @@ class Placement:
     group: object
     engine_bundles: list[int]
     actors: list = field(default_factory=list)  # handles created outside the group, killed on release
+    engines: list = field(default_factory=list)  # the rollout engines' handles (also in ``actors``)
+    stoppers: list = field(default_factory=list)  # what else the run started (the router): stopped first on release
 
     def strategy(self, bundle: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=bundle)
 
     def release(self) -> None:
+        for stop in self.stoppers:
+            with contextlib.suppress(Exception):
+                stop()
         for handle in self.actors:  # an engine with processes of its own (SGLang) stops them first
             if hasattr(handle, "shutdown"):
                 with contextlib.suppress(Exception):

@@ -19,7 +19,7 @@ import ray
 from miles.guard.display import short
 from miles.ranks.placement import CPUS_PER_BUNDLE
 from miles.ray.cluster import Placement
-from miles.rollout.custom_generate import Generation, custom_samples, load_generate_function
+from miles.rollout.custom_generate import custom_samples, load_generate_function, upstream_sampling_params
 from miles.rollout.data_source import PromptDataSource, load_prompts
 from miles.rollout.dynamic_sampling import filter_verdict, load_dynamic_filter, sample_dynamically
 from miles.rollout.engine_actor import engine_actor_class
@@ -27,6 +27,7 @@ from miles.rollout.eval_config import eval_datasets, eval_metrics, load_eval_set
 from miles.rollout.protocol import engine_class
 from miles.rollout.rm import get_reward_fn
 from miles.utils.errors import REPORT_BUG, DivergenceError, OffPolicyGuardError, RolloutEngineError
+from miles.utils.http_utils import init_http_client
 from miles.utils.types import RolloutBatch, Sample, SampleStatus
 
 
@@ -58,6 +59,7 @@ class RolloutManager:
         self.reward_fn = get_reward_fn(args.rm_type, args.custom_rm_path)
         path = args.custom_generate_function_path
         self.generate_fn = load_generate_function(path) if path else None
+        init_http_client(args)  # the generate and reward functions' HTTP client (--rollout-request-timeout)
         self.eval_rewards = [get_reward_fn(dataset.rm_type, args.custom_rm_path) for dataset, _ in self.eval_sets]
         self.dynamic_filter = load_dynamic_filter(args.dynamic_sampling_filter_path)
         self.weight_version = 0
@@ -92,6 +94,10 @@ class RolloutManager:
         costs = ray.get([engine.push_perf.remote() for engine in self.engines])  # e.g. SGLang's update and checksum
         self.push_perf = {name: max(cost[name] for cost in costs) for name in costs[0]}  # the slowest engine's
 
+    def set_router(self, ip: str, port: int) -> None:
+        """The router's address, for the generate functions (``args.sglang_router_ip/port``, as upstream)."""
+        self.args.sglang_router_ip, self.args.sglang_router_port = ip, port
+
     def prompt_position(self, rollout_id: int) -> int:
         """Where rollout ``rollout_id``'s prompts start in the data stream (saved with a checkpoint)."""
         return self.data_source.position(rollout_id)
@@ -103,11 +109,11 @@ class RolloutManager:
     def _sample(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
                 temperature: float, max_response_len: int, sampling: dict, reward_fn=None,
                 round_index: int = 0) -> list[Sample]:
-        if self.generate_fn is not None:  # upstream's per-sample function (miles/rollout/custom_generate.py)
+        if self.generate_fn is not None:  # upstream's per-sample function, over HTTP (miles/rollout/custom_generate.py)
             seed = rollout_seed(self.args.rollout_seed + seed_offset, rollout_id, 0, round_index)
-            generation = Generation(self._request, len(self.engines), seed, sampling)
-            samples = custom_samples(self.generate_fn, self.args, generation, prompts, n_samples, temperature,
-                                     max_response_len, evaluation=seed_offset > 0)
+            samples = custom_samples(self.generate_fn, self.args, prompts, n_samples,
+                                     upstream_sampling_params(temperature, max_response_len, sampling), seed,
+                                     evaluation=seed_offset > 0, take_witnessed=self._take_witnessed)
         else:
             samples = self._engine_samples(prompts, n_samples, rollout_id, seed_offset, temperature,
                                            max_response_len, sampling, round_index)
@@ -118,10 +124,13 @@ class RolloutManager:
             sample.reward = reward
         return samples
 
-    def _request(self, engine_index: int, prompt: dict, temperature: float, max_new_tokens: int, seed: int,
-                 sampling: dict):
-        """One prompt, one response, from one engine: an awaitable reference (a custom generate function's call)."""
-        return self.engines[engine_index].generate.remote([prompt], 1, temperature, max_new_tokens, seed, sampling)
+    def _take_witnessed(self) -> dict:
+        """What every engine's HTTP server served since the last call, by tokens (``EngineServer.take_witnessed``)."""
+        merged: dict[tuple, list] = {}
+        for witnessed in ray.get([engine.take_witnessed.remote() for engine in self.engines]):
+            for tokens, answers in witnessed.items():
+                merged.setdefault(tokens, []).extend(answers)
+        return merged
 
     def _engine_samples(self, prompts: list[dict], n_samples: int, rollout_id: int, seed_offset: int,
                         temperature: float, max_response_len: int, sampling: dict,
@@ -240,6 +249,7 @@ def create_rollout_manager(args, placement: Placement):
         for index, bundle in enumerate(placement.engine_bundles)
     ]
     placement.actors.extend(engines)
+    placement.engines.extend(engines)
     if engine.waits_for_start:
         wait_for_engines(engines, args.rollout_engine_start_timeout)
     manager = ray.remote(RolloutManager).options(num_cpus=0).remote(args, engines)

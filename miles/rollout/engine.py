@@ -24,7 +24,7 @@ import torch
 from miles.guard.divergence import check_finite_sampling
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_causal_lm, load_tokenizer
-from miles.rollout.prompt_tokens import encode_prompts
+from miles.rollout.prompt_tokens import check_positions, encode_prompts
 from miles.rollout.sampling import (
     WHOLE_SOFTMAX,
     SamplingOptions,
@@ -76,6 +76,7 @@ class TorchRolloutEngine:
             raise MilesConfigError(f"num_threads={num_threads!r}: the engine needs at least one torch thread.")
         torch.set_num_threads(num_threads)
         self.seed = seed
+        self.name, self.model_path = "torch rollout engine", hf_checkpoint
         self.model = load_causal_lm(hf_checkpoint)
         self.tokenizer = load_tokenizer(hf_checkpoint)
         self.eos_token_id = eos_token_id_of(self.tokenizer, self.model.config, hf_checkpoint)
@@ -128,8 +129,24 @@ class TorchRolloutEngine:
         included (COMPLETED), or after ``max_response_len`` tokens (TRUNCATED).
         """
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
+        prompt_ids = self.encode_texts([item["prompt"] for item in prompts], max_response_len)
+        generated, versions = self.generate_rows(prompt_ids, n_samples_per_prompt, temperature, max_response_len,
+                                                 seed, sampling)
+        rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
+        return [
+            build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index, n_samples_per_prompt,
+                         versions, self.weight_fingerprint, prompt_tokens, row)
+            for index, (prompt_tokens, row) in enumerate(zip(rows, generated, strict=True))
+        ]
+
+    def generate_rows(self, prompt_ids: list[list[int]], n_samples_per_prompt: int, temperature: float,
+                      max_new_tokens: int, seed: int, sampling: dict | None = None) -> tuple[Generated, list[int]]:
+        """``n_samples_per_prompt`` generated rows per tokenized prompt, and the weight version(s) that generated
+        them (both engines' one step, for ``generate`` and for the HTTP server)."""
+        check_generate_args([{}], n_samples_per_prompt, temperature, max_new_tokens)
         options = sampling_options(sampling, self.model.config.vocab_size)
-        prompt_ids = self._encode_prompts(prompts, max_response_len)
+        check_positions(prompt_ids, max_new_tokens, getattr(self.model.config, "max_position_embeddings", None))
+        check_token_ids(prompt_ids, self.model.config.vocab_size)
         version_at_start = self.weight_version
         generator = torch.Generator().manual_seed(mix_seeds(self.seed, seed))
         with torch.inference_mode():
@@ -140,24 +157,19 @@ class TorchRolloutEngine:
                 self.pad_token_id,
                 self.eos_token_ids | set(options.stop_token_ids),
                 temperature,
-                max_response_len,
+                max_new_tokens,
                 generator,
                 options,
                 lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True),
             )
         # Both versions, should a weight load ever land mid-generation: the runtime guard then refuses the samples.
-        versions = sorted({version_at_start, self.weight_version})
-        rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
-        return [
-            build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index, n_samples_per_prompt,
-                         versions, self.weight_fingerprint, prompt_tokens, row)
-            for index, (prompt_tokens, row) in enumerate(zip(rows, generated, strict=True))
-        ]
+        return generated, sorted({version_at_start, self.weight_version})
 
-    def _encode_prompts(self, prompts: list[dict], max_response_len: int) -> list[list[int]]:
-        texts = [item["prompt"] for item in prompts]
+    def encode_texts(self, texts: list[str], max_response_len: int) -> list[list[int]]:
+        """Each prompt's token ids, checked to fit the model's positions with ``max_response_len`` new tokens."""
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
         return encode_prompts(self.tokenizer, texts, max_positions, max_response_len, lambda i: f"prompt {texts[i]!r}")
+
 
 def build_sample(
     tokenizer,
@@ -337,6 +349,14 @@ def check_generate_args(prompts: list[dict], n_samples_per_prompt: int, temperat
         )
     if not prompts:
         raise MilesConfigError("generate() got no prompts; pass at least one {'prompt': ..., 'label': ...} item.")
+
+
+def check_token_ids(prompt_ids: list[list[int]], vocab_size: int) -> None:
+    """Every prompt token is an id of the vocabulary (a request's input_ids come from outside)."""
+    outside = sorted({token for row in prompt_ids for token in row if not 0 <= token < vocab_size})
+    if outside:
+        raise MilesConfigError(f"prompt token ids {outside[:10]} are outside the model's vocabulary (ids 0.."
+                               f"{vocab_size - 1}); tokenize with the model's tokenizer.")
 
 
 def eos_token_id_of(tokenizer, config, hf_checkpoint: str) -> int:

@@ -26,7 +26,16 @@ def encode_prompts(
         encoded = tokenizer(list(texts))["input_ids"]
     except Exception:  # the tokenizers library raises a bare Exception; find the prompt it failed on
         encoded = [_encode_one(tokenizer, text, row_name(index)) for index, text in enumerate(texts)]
-    for index, ids in enumerate(encoded):
+    encoded = [list(ids) for ids in encoded]
+    check_positions(encoded, max_response_len, max_positions, row_name, budget_name)
+    return encoded
+
+
+def check_positions(prompt_ids: list[list[int]], max_response_len: int, max_positions: int | None,
+                    row_name: Callable[[int], str] = lambda i: f"prompt {i}",
+                    budget_name: str = "max_new_tokens") -> None:
+    """Every prompt has a token, and its tokens plus ``max_response_len`` new ones fit ``max_positions``."""
+    for index, ids in enumerate(prompt_ids):
         if not ids:
             raise MilesConfigError(
                 f"{row_name(index)} encodes to no tokens; every prompt needs at least one token. Remove it."
@@ -37,7 +46,6 @@ def encode_prompts(
                 f"exceeds the model's {max_positions} positions (max_position_embeddings). Shorten or drop the "
                 f"prompt, or lower {budget_name} to {max(max_positions - len(ids), 0)} or less."
             )
-    return [list(ids) for ids in encoded]
 
 
 def _encode_one(tokenizer, text: str, name: str) -> list[int]:

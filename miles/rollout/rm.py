@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from miles.config.hooks import load_function
+from miles.utils.async_utils import run
 from miles.utils.errors import MilesConfigError
 from miles.utils.types import Sample
 
@@ -113,7 +114,7 @@ class UpstreamReward(CheckedReward):
                 raise _raised(self.name, exc, context) from exc
         pending = [index for index, result in enumerate(results) if inspect.isawaitable(result)]
         if pending:
-            awaited = asyncio.run(_gather([results[index] for index in pending]))
+            awaited = run(_gather([results[index] for index in pending]))  # the process's loop: http_utils' client
             for index, value in zip(pending, awaited, strict=True):
                 if isinstance(value, BaseException):
                     raise _raised(self.name, value, contexts[index]) from value

@@ -98,8 +98,9 @@ def check_owned(values: dict, hf_checkpoint: str, cuda: bool) -> None:
         ("dp_size", lambda v: v == 1, "miles runs one data-parallel replica per engine",
          "raise --rollout-num-engines instead"),
         ("pp_size", lambda v: v == 1, "miles checks the weights of one rank per engine", "drop it"),
-        *[(dest, lambda v: False, "the offline engine runs inside a Ray actor and serves no HTTP, so it would mean "
-           "nothing", "drop it") for dest in ("host", "port", "api_key", "admin_api_key")],
+        *[(dest, lambda v: False, "miles starts each engine's SGLang server on 127.0.0.1 and a free port, and the "
+           "engine's actor calls it without a key", "drop it (the router's address is --sglang-router-ip/"
+           "--sglang-router-port)") for dest in ("host", "port", "api_key", "admin_api_key")],
         ("config", lambda v: False, "a config file's options would pass around miles' check of each --sglang-* flag",
          "pass its options as --sglang-NAME VALUE"),
         ("enable_deterministic_inference", lambda v: cuda or not v,

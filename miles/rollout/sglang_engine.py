@@ -1,5 +1,8 @@
-"""The SGLang rollout engine (``--rollout-backend sglang``): SGLang's offline ``sglang.Engine`` inside a Ray actor,
-with the interface and the guarantees of the torch engine (docs/sglang.md).
+"""The SGLang rollout engine (``--rollout-backend sglang``): SGLang's own HTTP server, one process per engine
+(``miles.rollout.sglang_server``), driven by a Ray actor with the interface and the guarantees of the torch engine
+(docs/sglang.md). The actor's own HTTP front (``miles.rollout.engine_server``) is what the router sends a generate
+function's requests to: it answers them through this engine, so they get the same log-probs and records as miles'
+own rollouts.
 
 - Log-probs: SGLang's sampled-token log-probs are log softmax(logits / temperature)[token] (its sampler's standard
   path), the trainer's definition, as long as no penalty or ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is in play: every
@@ -8,14 +11,16 @@ with the interface and the guarantees of the torch engine (docs/sglang.md).
   whole-softmax log-prob: the engine renormalizes it over the kept set, rebuilt from the top log-probs it asks for
   (``truncated_from_top``), and keeps the kept ids on the sample for the trainer (docs/sampling.md).
 - Stops and truncation: SGLang's ``finish_reason``; a "length" shorter than asked is refused (SGLang capped it).
-- One weight version per sample: a Ray actor runs one call at a time, so no push lands inside ``generate``; before
-  each update the cache is flushed, polled until SGLang accepts (it refuses while requests are pending).
-- The update goes through ``update_weights_from_tensor`` between ``begin_weight_update`` and
-  ``end_weight_update``, with the version, and every return value is checked: an update SGLang did not apply is an
+- One weight version per sample: the actor runs one call at a time (its lock also holds off the HTTP front's
+  requests), so no push lands inside ``generate``; before each update the cache is flushed, polled until SGLang
+  accepts (it refuses while requests are pending).
+- The update goes through ``/update_weights_from_tensor`` between ``/begin_weight_update`` and
+  ``/end_weight_update``, with the version, and every answer is checked: an update SGLang did not apply is an
   ``OffPolicyGuardError``, never a silent stale engine.
-- The fingerprint: after each update SGLang's own weight checker hashes the tensors the engine holds; the table must
-  equal the one computed from the pushed tensors in SGLang's layout (``miles.rollout.sglang_layout``). Only then
-  does the engine report the pushed weights' fingerprint as its own: it holds them bit for bit.
+- The fingerprint: after each update SGLang's own weight checker (``/weights_checker``) hashes the tensors the server
+  holds; the table must equal the one computed from the pushed tensors in SGLang's layout
+  (``miles.rollout.sglang_layout``). Only then does the engine report the pushed weights' fingerprint as its own: it
+  holds them bit for bit.
 - Each sample's version is the one SGLang itself reports (``meta_info["weight_version"]``).
 """
 
@@ -29,11 +34,20 @@ import torch
 from miles.guard.fingerprint import weights_fingerprint
 from miles.models.hf import load_tokenizer
 from miles.rollout import sglang_shims
-from miles.rollout.engine import GeneratedRow, build_sample, check_generate_args, eos_token_id_of, mix_seeds, sampling_options
+from miles.rollout.engine import (
+    GeneratedRow,
+    build_sample,
+    check_generate_args,
+    check_token_ids,
+    eos_token_id_of,
+    mix_seeds,
+    sampling_options,
+)
 from miles.rollout.sampling import SamplingOptions, kept_tokens, renormalized_log_probs
-from miles.rollout.prompt_tokens import encode_prompts
+from miles.rollout.prompt_tokens import check_positions, encode_prompts
 from miles.rollout.sglang_args import check_kv_capacity, check_sglang_server_args, engine_kwargs, max_request_tokens
 from miles.rollout.sglang_layout import check_held_weights, sglang_digests
+from miles.rollout.sglang_server import SGLangServerProcess
 from miles.utils.errors import REPORT_BUG, OffPolicyGuardError, RolloutEngineError
 
 FLUSH_TRIES = 200  # flush_cache polls, FLUSH_WAIT_S apart, before an update is refused (10 s)
@@ -64,24 +78,18 @@ class SGLangRolloutEngine:
     @classmethod
     def init_args(cls, args, index: int) -> tuple:
         stand_in_log = os.path.join(args.log_dir, "sglang_stand_ins.log")
-        return (args.hf_checkpoint, args.rollout_seed + index, args.sglang_server_args, index, stand_in_log)
+        return (args.hf_checkpoint, args.rollout_seed + index, args.sglang_server_args, index, stand_in_log,
+                args.rollout_engine_start_timeout)
 
     def __init__(self, hf_checkpoint: str, seed: int, server_args: dict, engine_index: int,
-                 stand_in_log: str | None = None):
-        """Start SGLang on ``hf_checkpoint`` with miles' settings plus the user's ``--sglang-*`` ``server_args``
-        (already checked by the preflight). A failed start is one ``RolloutEngineError`` line naming the engine."""
-        self.name = f"SGLang rollout engine {engine_index}"
-        sglang_shims.activate(stand_in_log)
+                 stand_in_log: str | None = None, start_timeout_s: float = 600.0):
+        """Start SGLang's server on ``hf_checkpoint`` with miles' settings plus the user's ``--sglang-*``
+        ``server_args`` (already checked by the preflight). A failed start is one ``RolloutEngineError`` line naming
+        the engine."""
+        self.name, self.model_path = f"SGLang rollout engine {engine_index}", hf_checkpoint
+        sglang_shims.activate(stand_in_log)  # in this process's sys.path, which the server process inherits
         kwargs = engine_kwargs(hf_checkpoint, seed, server_args)
-        if kwargs["device"] == "cpu":
-            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # SGLang's torch-native CPU path (no sgl_kernel ops)
-        try:
-            import sglang
-
-            self.engine = sglang.Engine(**kwargs)
-        except Exception as exc:  # SGLang's own message, on one line, with the engine's name
-            raise RolloutEngineError(f"{self.name} failed to start on {hf_checkpoint}: "
-                                     f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        self.server = SGLangServerProcess(kwargs, self.name, start_timeout_s)
         from transformers import AutoConfig
 
         self.config = AutoConfig.from_pretrained(hf_checkpoint)
@@ -100,13 +108,10 @@ class SGLangRolloutEngine:
 
     def held_digests(self) -> dict[str, str]:
         """SGLang's checksum of every tensor the engine holds, in its own layout (its weight checker)."""
-        from sglang.srt.managers.io_struct import CheckWeightsReqInput
-
-        manager = self.engine.tokenizer_manager
-        success, message, ranks, _ = self.engine.loop.run_until_complete(
-            manager.check_weights(CheckWeightsReqInput(action="checksum"), None))
-        if not success or not ranks:
-            raise RolloutEngineError(f"{self.name}: SGLang's weight checker failed: {message}")
+        status, answer = self.server.call("/weights_checker", {"action": "checksum"})
+        ranks = answer.get("ranks") if status == 200 else None
+        if not ranks:
+            raise RolloutEngineError(f"{self.name}: SGLang's weight checker failed: {answer.get('message')}")
         if len(ranks) != 1:
             raise RolloutEngineError(f"{self.name}: {len(ranks)} ranks report checksums; miles checks one rank "
                                      "per engine (--sglang-tp-size 1, the default)")
@@ -119,11 +124,11 @@ class SGLangRolloutEngine:
         version, state_dict = payload["version"], payload["state_dict"]
         start = time.perf_counter()
         self._flush_cache(version)
-        self._call("begin_weight_update", version, self.engine.begin_weight_update())
+        self._call("begin_weight_update", version, self._post("/begin_weight_update"))
         try:
             updated = self._update_from_tensor(state_dict, version)
         finally:
-            ended = self.engine.end_weight_update()  # the session is closed whatever the update did
+            ended = self._post("/end_weight_update")  # the session is closed whatever the update did
         self._call("update_weights_from_tensor", version, updated)
         self._call("end_weight_update", version, ended)
         loaded = time.perf_counter()
@@ -141,22 +146,27 @@ class SGLangRolloutEngine:
         """The latest push's cost on this engine: SGLang's update, its checksum, the expected digests."""
         return dict(self.perf)
 
-    def _update_from_tensor(self, state_dict: dict[str, torch.Tensor], version: int):
-        """``Engine.update_weights_from_tensor`` plus the request's ``weight_version``, which SGLang then stamps
-        on every generation (0.5.23's ``Engine`` method does not pass it on)."""
-        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+    def _post(self, path: str, body: dict | None = None) -> tuple[bool, str]:
+        """(success, message) of one of SGLang's weight-update endpoints."""
+        status, answer = self.server.call(path, body)
+        return status == 200 and answer.get("success", True), str(answer.get("message", answer))
+
+    def _update_from_tensor(self, state_dict: dict[str, torch.Tensor], version: int) -> tuple[bool, str]:
+        """``/update_weights_from_tensor`` with the ``weight_version`` SGLang then stamps on every generation: the
+        tensors travel as shared-memory handles (SGLang's serializer; the server process shares this actor's
+        multiprocessing key), base64 in the JSON body."""
+        from sglang.srt.utils.common import MultiprocessingSerializer
 
         named = [(name, tensor.detach().contiguous()) for name, tensor in state_dict.items()]
-        request = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=self.engine._serialize_tensors_per_rank(named, None),
-            flush_cache=True, weight_version=str(version))
-        return self.engine.loop.run_until_complete(self.engine.tokenizer_manager.update_weights_from_tensor(request))
+        return self._post("/update_weights_from_tensor", {
+            "serialized_named_tensors": [MultiprocessingSerializer.serialize(named, output_str=True)],
+            "flush_cache": True, "weight_version": str(version)})
 
     def _flush_cache(self, version: int) -> None:
-        """Poll ``flush_cache`` until SGLang accepts it: it refuses while requests are pending, and an update then
+        """Poll ``/flush_cache`` until SGLang accepts it: it refuses while requests are pending, and an update then
         could kill the scheduler (seen with an older SGLang)."""
         for _ in range(FLUSH_TRIES):
-            if self.engine.flush_cache().success:
+            if self.server.call("/flush_cache")[0] == 200:
                 return
             time.sleep(FLUSH_WAIT_S)
         raise RolloutEngineError(f"{self.name}: the cache could not be flushed before weight version {version} in "
@@ -176,22 +186,40 @@ class SGLangRolloutEngine:
         ``sampling_seed`` from ``seed`` (the rollout's, from --rollout-seed): SGLang samples with it in its
         deterministic mode and from the engine's seeded generator otherwise (docs/sglang.md, "Seeds")."""
         check_generate_args(prompts, n_samples_per_prompt, temperature, max_response_len)
+        prompt_ids = self.encode_texts([item["prompt"] for item in prompts], max_response_len)
+        generated, versions = self.generate_rows(prompt_ids, n_samples_per_prompt, temperature, max_response_len,
+                                                 seed, sampling)
+        rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
+        return [build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index, n_samples_per_prompt,
+                             [version], self.weight_fingerprint, row, generated_row)
+                for index, (row, generated_row, version) in enumerate(zip(rows, generated, versions, strict=True))]
+
+    def generate_rows(self, prompt_ids: list[list[int]], n_samples_per_prompt: int, temperature: float,
+                      max_new_tokens: int, seed: int, sampling: dict | None = None) -> tuple[list[GeneratedRow], list[int]]:
+        """``n_samples_per_prompt`` generated rows per tokenized prompt, and the weight version SGLang stamped on
+        each row (both engines' one step, for ``generate`` and for the HTTP server)."""
+        check_generate_args([{}], n_samples_per_prompt, temperature, max_new_tokens)
         options = sampling_options(sampling, self.config.vocab_size)
-        texts = [item["prompt"] for item in prompts]
+        check_positions(prompt_ids, max_new_tokens, getattr(self.config, "max_position_embeddings", None))
+        check_token_ids(prompt_ids, self.config.vocab_size)
+        check_kv_capacity(prompt_ids, max_new_tokens, self.max_request_tokens)
+        rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
+        params = sampling_params(temperature, max_new_tokens, options)
+        per_row = [{**params, "sampling_seed": mix_seeds(seed, row)} for row in range(len(rows))]
+        status, outputs = self.server.call("/generate", {
+            "input_ids": rows, "sampling_params": per_row, "return_logprob": True,
+            "top_logprobs_num": top_logprobs_num(options, self.config.vocab_size) or 0})
+        if status != 200:
+            raise RolloutEngineError(f"{self.name}: SGLang's /generate answered HTTP {status}: {outputs}")
+        answered = [self._response(output, options, max_new_tokens) for output in outputs]
+        return [row for row, _ in answered], [version for _, version in answered]
+
+    def encode_texts(self, texts: list[str], max_response_len: int) -> list[list[int]]:
+        """Each prompt's token ids, checked to fit the model's positions and SGLang's KV cache."""
         prompt_ids = encode_prompts(self.tokenizer, texts, getattr(self.config, "max_position_embeddings", None),
                                     max_response_len, lambda i: f"prompt {texts[i]!r}")
         check_kv_capacity(prompt_ids, max_response_len, self.max_request_tokens)
-        rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
-        params = sampling_params(temperature, max_response_len, options)
-        per_row = [{**params, "sampling_seed": mix_seeds(seed, row)} for row in range(len(rows))]
-        outputs = self.engine.generate(input_ids=rows, sampling_params=per_row, return_logprob=True,
-                                       top_logprobs_num=top_logprobs_num(options, self.config.vocab_size))
-        samples = []
-        for index, (row, output) in enumerate(zip(rows, outputs, strict=True)):
-            generated, version = self._response(output, options, max_response_len)
-            samples.append(build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index,
-                                        n_samples_per_prompt, [version], self.weight_fingerprint, row, generated))
-        return samples
+        return prompt_ids
 
     def _response(self, output: dict, options: SamplingOptions, max_response_len: int) -> tuple[GeneratedRow, int]:
         """(the generated row, the weight version SGLang stamped) of one generation; it stopped if SGLang's
@@ -219,7 +247,7 @@ class SGLangRolloutEngine:
         return row, 0 if stamped == "default" else int(stamped)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        self.server.stop()
 
 
 

@@ -11,6 +11,7 @@ def configure_logging(args):
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per HTTP request otherwise (the router's)
     logger = logging.getLogger("miles")
     for line in getattr(args, "derived", []):
         logger.info("derived %s", line)

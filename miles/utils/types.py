@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 class SampleStatus(str, enum.Enum):
+    PENDING = "pending"  # not generated yet (a custom generate function receives its sample so)
     COMPLETED = "completed"  # the response ended with a stop token (<eos>, a stop id) or a stop string
     TRUNCATED = "truncated"  # the response hit --rollout-max-response-len before <eos>
+    ABORTED = "aborted"  # the engine aborted the request (SGLang's finish_reason "abort"); never trained on
+
+
+# SGLang's finish_reason.type -> the sample's status (upstream's ``Sample.update_from_meta_info``)
+FINISH_STATUS = {"stop": SampleStatus.COMPLETED, "length": SampleStatus.TRUNCATED, "abort": SampleStatus.ABORTED}
 
 
 @dataclass
@@ -40,6 +46,9 @@ class Sample:
     weight_fingerprint: str | None = None  # hash of the weights the engine actually loaded (miles.guard.fingerprint)
     status: SampleStatus = SampleStatus.COMPLETED
     sampling_kept_ids: list[list[int]] | None = None  # per response token: the ids the truncated sampler kept
+    metadata: dict = field(default_factory=dict)  # a generate function's own notes (upstream's field), not trained on
+
+    Status: ClassVar = SampleStatus  # upstream's spelling, ``Sample.Status.COMPLETED``
 
     def to_dict(self) -> dict:
         """Plain Python values, as upstream's ``Sample.to_dict`` (``--save-debug-rollout-data``)."""
@@ -48,6 +57,14 @@ class Sample:
     def get_reward_value(self, args) -> float | None:
         """The reward a filter reads (upstream's signature; miles' rewards are scalars, so ``args`` is unused)."""
         return self.reward
+
+    def update_from_meta_info(self, args, meta_info: dict) -> None:
+        """Upstream's update from an engine's ``/generate`` answer: the weight version that served it (SGLang's
+        string; "default", the folder's weights, is version 0) and the status from ``finish_reason``."""
+        if "weight_version" in meta_info:
+            stamped = meta_info["weight_version"]
+            self.weight_versions.append(0 if stamped in (None, "default") else int(stamped))
+        self.status = FINISH_STATUS.get(meta_info["finish_reason"]["type"], self.status)
 
     @property
     def prompt_length(self) -> int:

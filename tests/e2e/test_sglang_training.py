@@ -85,7 +85,7 @@ class IgnoredPushEngine(miles.rollout.sglang_engine.SGLangRolloutEngine):
 
     def _call(self, what, version, result):
         if version == 3 and what == "begin_weight_update":
-            self.engine.end_weight_update()
+            self._post("/end_weight_update")
         return super()._call(what, version, result)
 
 

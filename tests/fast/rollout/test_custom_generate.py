@@ -1,49 +1,31 @@
-"""--custom-generate-function-path (miles/rollout/custom_generate.py): upstream's per-sample function run by the
-rollout manager over a stand-in engine whose answers are made by hand, and the behavior-policy contract on what the
-function returns."""
+"""--custom-generate-function-path (miles/rollout/custom_generate.py): upstream's per-sample functions, both forms,
+run by the rollout manager against a real torch engine behind its HTTP server (the router's place is taken by the
+server itself: the router has tests of its own), and the behavior-policy contract on what the functions return,
+witnessed by the server."""
 
 import copy
 import json
 import math
+import threading
 
 import pytest
+import torch
 
 from miles.ray import rollout_manager as rollout_manager_module
 from miles.ray.rollout_manager import RolloutManager
+from miles.rollout.base_types import GenerateFnInput, GenerateFnOutput
 from miles.rollout.custom_generate import load_generate_function
+from miles.rollout.engine_server import EngineServer
+from miles.rollout.generate_api import GenerateState, compute_prompt_ids_from_sample, update_sample_from_response
+from miles.rollout.generate_hub import single_turn
 from miles.rollout.sglang_rollout import generate
 from miles.utils.arguments import parse_args
-from miles.utils.errors import MilesConfigError
+from miles.utils.async_utils import run
+from miles.utils.errors import MilesConfigError, RolloutEngineError
+from miles.utils.http_utils import post
 from miles.utils.types import Sample, SampleStatus
 
 HERE = __name__  # the functions below are named by this module's dotted path, as a launch names its own
-LOG_PROBS = [-0.5, -0.25, -0.125]  # the stand-in engine's log-prob of each of its 3 response tokens
-
-
-class _StandInEngine:
-    """An engine actor's ``generate`` as the manager calls it: one response of 3 tokens per prompt (its prompt
-    tokens are its characters' codes), weight version 3, and every request recorded."""
-
-    def __init__(self):
-        self.generate = self
-        self.calls = []
-
-    def remote(self, prompts, n_samples, temperature, max_response_len, seed, sampling):
-        self.calls.append({"prompt": prompts[0]["prompt"], "n": n_samples, "temperature": temperature,
-                           "max_response_len": max_response_len, "seed": seed, **sampling})
-        (prompt,) = prompts
-        response = [10 + len(self.calls), 11, 12]  # differs per call, so each answer's tokens are its own
-
-        async def answer():
-            return [Sample(group_index=0, index=0, prompt=prompt["prompt"], label=prompt["label"],
-                           tokens=[ord(c) for c in prompt["prompt"]] + response, response_length=3,
-                           response=prompt["label"] if "right" in prompt["prompt"] else "no",
-                           loss_mask=[1, 1, 1], rollout_log_probs=list(LOG_PROBS), weight_versions=[3],
-                           weight_fingerprint="f" * 32, status=SampleStatus.TRUNCATED)]
-
-        return answer()
-
-
 SEEN = []  # (prompt, evaluation, sampling_params) of each call of `colder`
 
 
@@ -56,11 +38,27 @@ async def colder(args, sample, sampling_params, evaluation=False):
     return await generate(args, sample, params)
 
 
-async def rewarded(args, sample, sampling_params):
-    sample = await generate(args, sample, sampling_params)
-    sample.reward = 0.25
-    sample.loss_mask = [1, 1, 0]  # a function may mask tokens out
+async def by_hand(args, sample, sampling_params):
+    """Upstream's search-r1 shape: the state's tokenizer, one POST to the router, the sample filled from the answer,
+    no version bookkeeping of its own."""
+    state = GenerateState(args)
+    payload = {"input_ids": compute_prompt_ids_from_sample(state, sample), "sampling_params": sampling_params,
+               "return_logprob": True}
+    output = await post(f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate", payload)
+    sample.tokens = payload["input_ids"] + [entry[1] for entry in output["meta_info"]["output_token_logprobs"]]
+    sample.response_length = len(output["output_ids"])
+    sample.response = output["text"]
+    sample.rollout_log_probs = [entry[0] for entry in output["meta_info"]["output_token_logprobs"]]
+    sample.status = SampleStatus.TRUNCATED if output["meta_info"]["finish_reason"]["type"] == "length" else \
+        SampleStatus.COMPLETED
     return sample
+
+
+async def class_form(input: GenerateFnInput) -> GenerateFnOutput:  # noqa: A002 - upstream's name
+    output = await single_turn.generate(input)
+    output.samples.reward = 0.25
+    output.samples.loss_mask = [1] * (output.samples.response_length - 1) + [0]  # a function may mask tokens out
+    return output
 
 
 async def hand_made(args, sample, sampling_params):
@@ -71,19 +69,19 @@ async def hand_made(args, sample, sampling_params):
 
 async def short_mask(args, sample, sampling_params):
     sample = await generate(args, sample, sampling_params)
-    sample.loss_mask = [1, 1]
+    sample.loss_mask = [1] * (sample.response_length + 1)
     return sample
 
 
 async def other_log_probs(args, sample, sampling_params):
     sample = await generate(args, sample, sampling_params)
-    sample.rollout_log_probs = [-1.0, -1.0, -1.0]
+    sample.rollout_log_probs = [value - 0.5 for value in sample.rollout_log_probs]
     return sample
 
 
-async def no_version(args, sample, sampling_params):
+async def other_version(args, sample, sampling_params):
     sample = await generate(args, sample, sampling_params)
-    sample.weight_versions = []
+    sample.weight_versions = [7]
     return sample
 
 
@@ -98,7 +96,13 @@ async def nan_reward(args, sample, sampling_params):
     return sample
 
 
-async def unknown_key(args, sample, sampling_params):
+async def aborted(args, sample, sampling_params):
+    sample = await generate(args, sample, sampling_params)
+    sample.status = SampleStatus.ABORTED
+    return sample
+
+
+async def penalized(args, sample, sampling_params):
     return await generate(args, sample, {**sampling_params, "repetition_penalty": 1.1})
 
 
@@ -106,72 +110,118 @@ def not_async(args, sample, sampling_params):
     return sample
 
 
-async def new_style(input):
-    return input
+async def two_arguments(args, sample):
+    return sample
 
 
-def _manager(tmp_path, monkeypatch, function: str, *argv):
+class _ServedEngine:
+    """An engine actor as the manager calls it (``ray.get`` is the identity here): its server's records."""
+
+    def __init__(self, server):
+        self.take_witnessed = self
+        self.server = server
+
+    def remote(self):
+        return self.server.take_witnessed()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    served = EngineServer(engine, threading.Lock(), "torch rollout engine", "truncated")
+    served.start()
+    yield served
+    served.stop()
+
+
+def _manager(tmp_path, monkeypatch, server, function: str, *argv):
     monkeypatch.setattr(rollout_manager_module.ray, "get", lambda values: values)
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": "right", "label": "7"},
-                                                                 {"prompt": "wrong", "label": "8"}]))
+    data.write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": "3+4=", "label": "7"},
+                                                                 {"prompt": "12+345=", "label": "357"}]))
+    host, port = server.url.removeprefix("http://").split(":")
     args = parse_args(argv=["--train-backend", "torch", "--prompt-data", str(data), "--eval-prompt-data", str(data),
-                            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-temperature",
-                            "0.8", "--rollout-max-response-len", "5", "--custom-generate-function-path",
-                            f"{HERE}.{function}", *argv])
-    engines = [_StandInEngine(), _StandInEngine()]
-    return RolloutManager(args, engines), engines
+                            "--hf-checkpoint", server.engine.model_path, "--rollout-batch-size", "2",
+                            "--n-samples-per-prompt", "2", "--rollout-temperature", "0.8",
+                            "--rollout-max-response-len", "4", "--sglang-router-ip", host, "--sglang-router-port", port,
+                            "--custom-generate-function-path", f"{HERE}.{function}", *argv])
+    return RolloutManager(args, [_ServedEngine(server)])
 
 
-def test_the_function_generates_through_the_engines_with_its_own_sampling_parameters(tmp_path, monkeypatch):
+def _forward_log_probs(engine, sample, temperature: float) -> list[float]:
+    """The response's log-probs from one full forward pass (renormalized over the kept ids), computed here."""
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([sample.tokens])).logits[0] / temperature  # (L, V)
+    logits = logits[sample.prompt_length - 1:-1]
+    if sample.sampling_kept_ids is not None:
+        mask = torch.full_like(logits, float("-inf"))
+        for position, ids in enumerate(sample.sampling_kept_ids):
+            mask[position, ids] = 0.0
+        logits = logits + mask
+    response = torch.tensor(sample.tokens[sample.prompt_length:])
+    return torch.log_softmax(logits, dim=-1).gather(1, response[:, None]).squeeze(1).tolist()
+
+
+def test_the_function_generates_over_http_with_its_own_sampling_parameters(tmp_path, monkeypatch, server):
     SEEN.clear()
-    manager, engines = _manager(tmp_path, monkeypatch, "colder", "--n-samples-per-eval-prompt", "1")
+    manager = _manager(tmp_path, monkeypatch, server, "colder", "--n-samples-per-eval-prompt", "1")
     batch, metrics = manager.generate(rollout_id=0)
     assert [(s.prompt, s.index, s.group_index) for s in batch.samples] == [
-        ("right", 0, 0), ("right", 1, 0), ("wrong", 2, 1), ("wrong", 3, 1)]
-    assert SEEN[0] == ("right", False, {"temperature": 0.8, "max_new_tokens": 5, "top_p": 1.0, "top_k": -1,
-                                        "min_p": 0.0, "stop": [], "stop_token_ids": []})
-    calls = [call for engine in engines for call in engine.calls]
-    assert len(calls) == 4 and len(engines[0].calls) == 2  # sample i on engine i mod 2, one response per call
-    assert {(call["temperature"], call["top_k"], call["n"], call["max_response_len"]) for call in calls} == {(0.4, 4, 1, 5)}
-    assert len({call["seed"] for call in calls}) == 4  # each sample seeded apart
-    for sample in batch.samples:  # the engine's own answer, untouched
-        assert (sample.rollout_log_probs, sample.weight_versions, sample.loss_mask) == (LOG_PROBS, [3], [1, 1, 1])
-        assert sample.status == SampleStatus.TRUNCATED and sample.weight_fingerprint == "f" * 32
-    assert [s.reward for s in batch.samples] == [1.0, 1.0, 0.0, 0.0]  # math_exact: "7" == "7", "no" != "8"
-    assert metrics["rollout/reward_mean"] == 0.5
+        ("3+4=", 0, 0), ("3+4=", 1, 0), ("12+345=", 2, 1), ("12+345=", 3, 1)]
+    first = SEEN[0][2]
+    assert (SEEN[0][:2], {k: first[k] for k in ("temperature", "max_new_tokens", "top_p", "top_k", "min_p")}) == (
+        ("3+4=", False), {"temperature": 0.8, "max_new_tokens": 4, "top_p": 1.0, "top_k": -1, "min_p": 0.0})
+    assert len({params["sampling_seed"] for _, _, params in SEEN}) == 4  # each sample seeded apart
+    for sample in batch.samples:  # the witness's facts: the version and fingerprint of the weights that served it
+        assert sample.weight_versions == [0] and sample.weight_fingerprint == server.engine.weight_fingerprint
+        assert all(len(ids) <= 4 for ids in sample.sampling_kept_ids)  # the function's top_k 4 acted
+        assert sample.rollout_log_probs == pytest.approx(_forward_log_probs(server.engine, sample, 0.4), abs=1e-5)
+        assert sample.loss_mask == [1] * sample.response_length
+    assert metrics["rollout/num_samples"] == 4.0
+    again, _ = _manager(tmp_path, monkeypatch, server, "colder").generate(rollout_id=0)
+    assert [s.tokens for s in again.samples] == [s.tokens for s in batch.samples]  # reproducible from the seed
     SEEN.clear()
-    assert manager.evaluate(rollout_id=0)["eval/aime"] == 0.5  # evaluation goes through the function too
+    assert "eval/aime" in manager.evaluate(rollout_id=0)  # evaluation goes through the function too
     assert [evaluation for _, evaluation, _ in SEEN] == [True, True]
 
 
-def test_a_reward_and_a_mask_the_function_sets_are_kept(tmp_path, monkeypatch):
-    manager, _ = _manager(tmp_path, monkeypatch, "rewarded")
-    batch, _ = manager.generate(rollout_id=0)
-    assert [(s.reward, s.loss_mask) for s in batch.samples] == [(0.25, [1, 1, 0])] * 4
+@pytest.mark.parametrize("function", ["by_hand", "class_form"])
+def test_upstreams_hand_written_and_class_forms_train_the_engines_answers(tmp_path, monkeypatch, server, function):
+    batch, _ = _manager(tmp_path, monkeypatch, server, function).generate(rollout_id=0)
+    for sample in batch.samples:
+        assert sample.weight_versions == [0] and sample.rollout_log_probs == pytest.approx(
+            _forward_log_probs(server.engine, sample, 0.8), abs=1e-5)
+    if function == "class_form":
+        assert {s.reward for s in batch.samples} == {0.25}
+        assert all(s.loss_mask[-1] == 0 for s in batch.samples)
 
 
 @pytest.mark.parametrize(("function", "pattern"), [
-    ("hand_made", r"returned for sample 0 a Sample whose tokens no engine generated in this rollout"),
-    ("short_mask", r"returned for sample 0 a Sample whose loss_mask has 2 entries for its 3 response tokens"),
-    ("other_log_probs", r"returned for sample 0 a Sample whose rollout_log_probs is not the engine's"),
-    ("no_version", r"returned for sample 0 a Sample whose weight_versions is not the engine's"),
+    ("hand_made", r"returned for sample 0 a Sample whose tokens no engine served in this rollout"),
+    ("short_mask", r"returned for sample 0 a Sample whose loss_mask has \d+ entries for its \d+ response tokens"),
+    ("other_log_probs", r"returned for sample 0 a Sample whose rollout_log_probs are not the engine's"),
+    ("other_version", r"returned for sample 0 a Sample whose weight_versions \[7\] are not the ones the engine"),
     ("two", r"returned for sample 0 a list, not one Sample"),
     ("nan_reward", r"returned for sample 0 a Sample whose reward is nan"),
-    ("unknown_key", r"sampling_params keys \['repetition_penalty'\] are not implemented"),
+    ("aborted", r"returned for sample 0 a Sample its engine aborted"),
 ])
 def test_a_sample_that_breaks_the_contract_is_refused_naming_the_function_and_the_field(
-        tmp_path, monkeypatch, function, pattern):
-    manager, _ = _manager(tmp_path, monkeypatch, function)
+        tmp_path, monkeypatch, server, function, pattern):
+    manager = _manager(tmp_path, monkeypatch, server, function)
     with pytest.raises(MilesConfigError, match=pattern) as caught:
         manager.generate(rollout_id=0)
-    named = "--custom-generate-function-path" + ("" if function == "unknown_key" else f" {HERE}.{function} ")
-    assert str(caught.value).startswith(named) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"--custom-generate-function-path {HERE}.{function} ")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_request_the_engine_would_serve_differently_stops_the_rollout_with_the_servers_reason(
+        tmp_path, monkeypatch, server):
+    with pytest.raises(RolloutEngineError, match=r"HTTP 400.*repetition_penalty=1.1 would change"):
+        _manager(tmp_path, monkeypatch, server, "penalized").generate(rollout_id=0)
 
 
 @pytest.mark.parametrize(("function", "pattern"), [
     ("not_async", r"is not an async function"),
-    ("new_style", r"takes \(input\); miles calls upstream's signature"),
+    ("two_arguments", r"takes \(args, sample\); upstream's signatures are"),
     ("missing", r"AttributeError"),
 ])
 def test_a_function_miles_cannot_call_is_refused_when_loaded(function, pattern):
@@ -181,9 +231,12 @@ def test_a_function_miles_cannot_call_is_refused_when_loaded(function, pattern):
         load_generate_function("generate")
 
 
-def test_generate_outside_a_rollout_says_where_it_works():
-    import asyncio
-
+def test_update_sample_from_response_appends_as_upstream():
     sample = Sample(group_index=0, index=0, prompt="p", label="", tokens=[], response_length=0)
-    with pytest.raises(MilesConfigError, match=r"called outside a rollout: miles calls it only inside the function"):
-        asyncio.run(generate(None, sample, {"temperature": 1.0, "max_new_tokens": 1}))
+    output = {"text": "7", "output_ids": [9, 2], "meta_info": {
+        "output_token_logprobs": [[-0.5, 9, None], [-0.25, 2, None]], "weight_version": "2",
+        "finish_reason": {"type": "stop"}}}
+    run(update_sample_from_response(None, sample, {"input_ids": [4, 5]}, output, update_loss_mask=True))
+    assert (sample.tokens, sample.response_length, sample.response) == ([4, 5, 9, 2], 2, "7")
+    assert (sample.rollout_log_probs, sample.loss_mask, sample.weight_versions) == ([-0.5, -0.25], [1, 1], [2])
+    assert sample.status == SampleStatus.COMPLETED

@@ -60,9 +60,9 @@ def test_a_missing_extra_is_one_line_naming_the_install(monkeypatch):
     ({"random_seed": 3}, r"--sglang-random-seed 3: the engines' seeds come from --rollout-seed"),
     ({"tp_size": 2}, r"--sglang-tp-size 2: miles checks the weights of one rank per engine"),
     ({"rl_on_policy_target": "fsdp"}, r"casts the logits to bfloat16 before the log-softmax"),
-    ({"port": 30000}, r"--sglang-port 30000: the offline engine runs inside a Ray actor and serves no HTTP"),
-    ({"host": "0.0.0.0"}, r"--sglang-host '0.0.0.0': .*serves no HTTP.*drop it"),
-    ({"api_key": "k"}, r"--sglang-api-key 'k': .*serves no HTTP"),
+    ({"port": 30000}, r"--sglang-port 30000: miles starts each engine.s SGLang server on 127.0.0.1 and a free port"),
+    ({"host": "0.0.0.0"}, r"--sglang-host .0.0.0.0.: .*free port.*drop it"),
+    ({"api_key": "k"}, r"--sglang-api-key .k.: .*without a key"),
     ({"config": "c.yaml"}, r"--sglang-config 'c.yaml': .*pass its options as --sglang-NAME VALUE"),
     ({"enable_deterministic_inference": True}, r"--sglang-enable-deterministic-inference True: .*none of which runs "
                                                r"on a CPU"),

@@ -1,0 +1,171 @@
+"""SGLang's HTTP API in front of one rollout engine, in the engine's own process (docs/rollout.md).
+
+The router (``miles.rollout.router``) sends every generate function's request here. The server runs uvicorn on a
+thread of the engine's Ray actor, on a socket bound to 127.0.0.1 (or the node's address on a multi-node run) and a
+free port, and answers ``/generate`` (``miles.rollout.endpoint``) and what the router and a health check call:
+``/health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``, ``/abort_request``
+and ``/get_weight_version``.
+
+One weight version per answer: the actor shell holds one lock around every engine verb and every generation served
+here, so a push never lands inside a request (``miles.rollout.engine_actor``).
+
+The server is the witness: every answer is recorded by its tokens (prompt + response) with the log-probs, the
+weight versions and the fingerprint of the weights that produced it, and the kept ids of truncated sampling. The
+rollout manager takes the records after a custom generation and checks each returned sample against them
+(``miles.rollout.custom_generate``): what a generate function says it sampled must be what an engine served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from miles.rollout.endpoint import EndpointError, generate_answer, parse_generate, trimmed_text
+from miles.utils.errors import MilesConfigError, RolloutEngineError
+
+MAX_WITNESSED = 200_000  # answers kept until the manager takes them; the oldest go first beyond this
+START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """What an engine served for one prompt + response: the facts a trained sample must carry."""
+
+    log_probs: list[float]
+    weight_versions: list[int]
+    weight_fingerprint: str | None
+    kept_ids: list[list[int]] | None
+
+
+class EngineServer:
+    """The HTTP front of ``engine`` (``lock`` serializes it with the actor's verbs); ``url`` once started."""
+
+    def __init__(self, engine, lock: threading.Lock, name: str, logprobs: str, host: str = "127.0.0.1") -> None:
+        self.engine, self.lock, self.name, self.logprobs = engine, lock, name, logprobs
+        # tokens -> every answer with exactly those tokens (two samples may repeat one, with log-probs that differ in
+        # the last bits when the engine batched them differently)
+        self.witnessed: OrderedDict[tuple[int, ...], list[Served]] = OrderedDict()
+        self.witness_lock = threading.Lock()
+        self.seeds = itertools.count()  # a request without sampling_seed takes the engine's next one
+        self.aborted_before = 0  # requests numbered below this were aborted while they waited
+        self.requests = itertools.count(1)
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, 0))
+        self.url = f"http://{host}:{self.socket.getsockname()[1]}"
+        self.server = None
+        self.thread = None
+
+    def start(self) -> str:
+        """Serve on a daemon thread; returns the URL once uvicorn listens (a failure is one line)."""
+        import uvicorn
+
+        # "error": sglang-router's two HTTP/2 probes of each worker would log "Invalid HTTP request" warnings
+        config = uvicorn.Config(self._app(), log_level="error", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="miles-engine-server", daemon=True)
+        self.thread.start()
+        for _ in range(int(START_TIMEOUT_S / 0.05)):
+            if self.server.started:
+                return self.url
+            if not self.thread.is_alive():
+                break
+            threading.Event().wait(0.05)
+        raise RolloutEngineError(f"{self.name}: its HTTP server did not start on {self.url} within "
+                                 f"{START_TIMEOUT_S:g} s")
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+            self.thread.join(timeout=10)
+        self.socket.close()
+
+    def take_witnessed(self) -> dict[tuple[int, ...], list[Served]]:
+        """Every answer recorded since the last call (and forget them)."""
+        with self.witness_lock:
+            taken, self.witnessed = dict(self.witnessed), OrderedDict()
+        return taken
+
+    def _app(self):
+        app = FastAPI()
+        info = {"model_path": self.engine.model_path, "tokenizer_path": self.engine.model_path,
+                "is_generation": True, "served_model_name": self.engine.model_path}
+
+        @app.post("/generate")
+        async def generate(request: Request):
+            number = next(self.requests)
+            try:
+                parsed = parse_generate(await request.json())
+                answers = await asyncio.to_thread(self._serve, parsed, number)
+            except (EndpointError, MilesConfigError) as error:  # the request's fault: not retried
+                return JSONResponse({"error": {"message": str(error)}}, status_code=400)
+            except Exception as error:  # noqa: BLE001 - the engine's (a divergence): its message, not a bare 500
+                return JSONResponse({"error": {"message": f"{self.name}: {type(error).__name__}: {error}"}},
+                                    status_code=500)
+            return answers if parsed.batched else answers[0]
+
+        @app.get("/health")
+        @app.get("/health_generate")
+        async def health():
+            return {}
+
+        @app.get("/get_model_info")
+        @app.get("/model_info")
+        async def model_info():
+            return {**info, "weight_version": str(self.engine.weight_version)}
+
+        @app.get("/get_server_info")
+        @app.get("/server_info")
+        async def server_info():
+            return {**info, "engine": self.name, "weight_version": str(self.engine.weight_version)}
+
+        @app.get("/get_weight_version")
+        async def weight_version():
+            return {"weight_version": str(self.engine.weight_version)}
+
+        @app.api_route("/flush_cache", methods=["GET", "POST"])
+        async def flush_cache():
+            return {}  # miles' engines keep no cache between requests
+
+        @app.post("/abort_request")
+        async def abort_request(request: Request):
+            self.aborted_before = next(self.requests)  # every request that waits for the engine now is aborted
+            return {}
+
+        return app
+
+    def _serve(self, request, number: int) -> list[dict]:
+        """Generate the request's rows under the engine lock and record each answer (module docstring)."""
+        with self.lock:
+            rows = request.rows
+            if rows is None:
+                rows = self.engine.encode_texts(request.texts, request.max_new_tokens)
+            if number < self.aborted_before:
+                return [generate_answer(rid, len(row), [], [], False, self.engine.weight_version, "",
+                                        request.return_logprob, aborted=True)
+                        for rid, row in zip(request.rids, rows, strict=True)]
+            seed = request.seed if request.seed is not None else next(self.seeds)
+            sampling = {**request.sampling, "logprobs": self.logprobs}
+            generated, versions = self.engine.generate_rows(rows, 1, request.temperature, request.max_new_tokens,
+                                                            seed, sampling)
+            fingerprint = self.engine.weight_fingerprint
+        answers = []
+        for rid, row, out in zip(request.rids, rows, generated, strict=True):
+            with self.witness_lock:
+                self.witnessed.setdefault(tuple(row + out.tokens), []).append(
+                    Served(out.log_probs, versions, fingerprint, out.kept_ids))
+                while len(self.witnessed) > MAX_WITNESSED:
+                    self.witnessed.popitem(last=False)
+            text = self.engine.tokenizer.decode(out.tokens, skip_special_tokens=request.skip_special_tokens)
+            answers.append(generate_answer(rid, len(row), out.tokens, out.log_probs, out.stopped, versions[-1],
+                                           trimmed_text(text, request.sampling["stop"], out.stopped,
+                                                        request.no_stop_trim), request.return_logprob))
+        return answers
