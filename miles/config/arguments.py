@@ -19,7 +19,7 @@ from miles.config.flag_rules import check_flag_values, flag_name
 from miles.config.hooks import load_function
 from miles.config.lr_schedule import check_lr_schedules
 from miles.config.rank_layout import check_rank_layout
-from miles.config.sglang_words import split_sglang_words
+from miles.config.sglang_words import split_router_words, split_sglang_words
 
 
 def contract_message(args=None) -> str:
@@ -213,9 +213,12 @@ _NOT_GIVEN = object()
 def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
     """Parse ``argv`` (default ``sys.argv[1:]``) and run ``miles_validate_args``.
 
-    The ``--sglang-*`` words (SGLang's server arguments) are set aside as ``args.sglang_words``, unparsed: the
-    preflight checks them with SGLang's own parser (``miles.rollout.sglang_args``), so this imports no sglang."""
+    The ``--sglang-*`` words (SGLang's server arguments) are set aside as ``args.sglang_words``, and the
+    ``--router-*`` words (sglang-router's) as ``args.router_words``, unparsed: the preflight checks them with SGLang's
+    and sglang-router's own parsers (``miles.rollout.sglang_args``, ``miles.rollout.router``), so this imports
+    neither."""
     argv, sglang_words = split_sglang_words(sys.argv[1:] if argv is None else list(argv))
+    argv, router_words = split_router_words(argv)
     parser = build_parser(add_custom_arguments, defer_refused_flags=True)
     add_plugin_arguments(parser, argv)
     # argparse sets a default only on a namespace without the attribute: the marker tells a given flag from one
@@ -231,6 +234,7 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
         else:
             args.architecture_given[dest] = getattr(args, dest)
     args.sglang_words = sglang_words
+    args.router_words = router_words  # sglang-router's options (--router-*): its own parser checks them
     miles_validate_args(args)
     args.notes = [*accepted, *args.notes]  # said once at startup (configure_logging), with the corrections' note
     return args

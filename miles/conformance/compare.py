@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from miles.config.departures import Departure
-from miles.config.sglang_words import sglang_option  # SGLang's server arguments: SGLang's parser checks them
+from miles.config.sglang_words import router_option, sglang_option  # SGLang's and sglang-router's: their parsers check them
 
 RECORD_FIELDS = ("dest", "type", "choices", "action", "nargs", "required")
 # The command line both parsers read for their defaults: upstream requires --rollout-batch-size, so both get miles'
@@ -98,9 +98,10 @@ def split_refused(miles_options: dict) -> tuple[dict, dict]:
 
 def unknown_upstream_flags(miles_options: dict, upstream_options: dict) -> list[str]:
     """Upstream's flags that miles' parser does not know at all (neither implemented nor refused), each with its
-    arity, as the departures table would list it; ``--sglang-*`` and ``--no-sglang-*`` ones are SGLang's."""
+    arity, as the departures table would list it; ``--sglang-*`` and ``--no-sglang-*`` ones are SGLang's, ``--router-*``
+    ones sglang-router's."""
     return [f"{flag} (nargs {record['nargs']!r}, {record['action']})" for flag, record in sorted(upstream_options.items())
-            if flag not in miles_options and sglang_option(flag) is None]
+            if flag not in miles_options and sglang_option(flag) is None and router_option(flag) is None]
 
 
 def refusal_mismatches(refused: dict, upstream_options: dict, absent: frozenset = frozenset()) -> list[str]:

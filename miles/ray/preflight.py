@@ -24,6 +24,7 @@ from miles.rollout.dynamic_sampling import load_dynamic_filter
 from miles.rollout.eval_config import dataset_flag, eval_datasets, load_eval_sets
 from miles.rollout.prompt_tokens import encode_prompts
 from miles.rollout.protocol import engine_class
+from miles.rollout.router import check_router_words
 from miles.rollout.rm import get_reward_fn
 from miles.utils.errors import MilesConfigError
 
@@ -44,6 +45,7 @@ def preflight(args) -> int:
     check_dropout(args, folder)
     check_recompute(args, folder)
     engine_class(args.rollout_backend).preflight(args)
+    check_router_options(args)
     if args.train_backend == "megatron":
         check_megatron_backend(args.hf_checkpoint, tensor_parallel_size=args.tensor_model_parallel_size)
     if args.ref_load is not None and (args.use_kl_loss or args.kl_coef != 0):
@@ -75,6 +77,14 @@ def preflight(args) -> int:
             raise MilesConfigError(f"{dataset_flag(args, dataset)} (rm_type {dataset.rm_type!r}): {error}") from None
     load_dynamic_filter(args.dynamic_sampling_filter_path)
     return len(prompts)
+
+
+def check_router_options(args) -> None:
+    """The --router-* words, by sglang-router's own parser: kept as ``args.router_cli_words`` for the router miles
+    starts, and their values as upstream's ``args.router_*``."""
+    args.router_cli_words, values = check_router_words(getattr(args, "router_words", []))
+    for dest, value in values.items():
+        setattr(args, dest, value)
 
 
 def check_architecture_flags(args, folder) -> None:

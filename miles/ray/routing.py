@@ -16,6 +16,7 @@ import ray
 
 from miles.ray.cluster import Placement
 from miles.rollout.router import register_workers, remove_workers, start_router
+from miles.utils.errors import MilesConfigError
 
 logger = logging.getLogger("miles")
 
@@ -26,9 +27,12 @@ def start_engine_servers(args, placement: Placement) -> list:
 
 
 def router_words(args) -> list[str]:
-    """sglang-router's own words for upstream's --sglang-router-* flags (round robin unless a policy is given)."""
-    return ["--policy", args.sglang_router_policy or "round_robin",
-            "--request-timeout-secs", str(args.sglang_router_request_timeout_secs)]
+    """sglang-router's words: the launch's --router-* options, then upstream's --sglang-router-policy and
+    --sglang-router-request-timeout-secs, which win over them as upstream's do (round robin without a policy)."""
+    words = list(getattr(args, "router_cli_words", []))
+    if args.sglang_router_policy:
+        words += ["--policy", args.sglang_router_policy]
+    return [*words, "--request-timeout-secs", str(args.sglang_router_request_timeout_secs)]
 
 
 def route_engines(args, placement: Placement, rollout_manager, servers: list) -> None:
@@ -37,8 +41,6 @@ def route_engines(args, placement: Placement, rollout_manager, servers: list) ->
     timeout_s = args.rollout_engine_start_timeout
     if args.sglang_router_ip is not None:
         if args.sglang_router_port is None:
-            from miles.utils.errors import MilesConfigError
-
             raise MilesConfigError(f"--sglang-router-ip {args.sglang_router_ip} is given without "
                                    "--sglang-router-port; give both (the running router's address), or neither.")
         router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"

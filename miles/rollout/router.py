@@ -88,6 +88,27 @@ class RouterProcess:
         self.stop()
 
 
+def check_router_words(words: list[str]) -> tuple[list[str], dict]:
+    """Upstream's ``--router-NAME`` words checked by sglang-router's own parser (``RouterArgs``, upstream's prefix):
+    (sglang-router's CLI words, ``--NAME``, for ``start_router``; every ``router_*`` value, as upstream's ``args``
+    carries them). An unknown option or a bad value is one ``MilesConfigError``."""
+    import argparse
+
+    from sglang_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser(prog="sglang-router", add_help=False, exit_on_error=False)
+    RouterArgs.add_cli_args(parser, use_router_prefix=True, exclude_host_port=True)
+    try:
+        values, unknown = parser.parse_known_args(words)
+    except (argparse.ArgumentError, SystemExit) as error:
+        raise MilesConfigError(f"sglang-router's options {' '.join(words)}: {error}") from None
+    if unknown:
+        raise MilesConfigError(f"{' '.join(unknown)}: not an option of sglang-router 0.3.2 (upstream's --router-NAME "
+                               "spelling of its --NAME); see python -m sglang_router.launch_router --help")
+    cli_words = [f"--{word[len('--router-'):]}" if word.startswith("--router-") else word for word in words]
+    return cli_words, {dest: value for dest, value in vars(values).items() if dest.startswith("router_")}
+
+
 def start_router(worker_urls: list[str], router_words: list[str], timeout_s: float,
                  log_path: str | None = None) -> RouterProcess:
     """Start sglang-router on 127.0.0.1 in front of ``worker_urls``; return once it lists every worker healthy.
