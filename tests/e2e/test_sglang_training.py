@@ -4,6 +4,7 @@ the engine did not load stops the run with OffPolicyGuardError. One SGLang engin
 import asyncio
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -14,6 +15,7 @@ import train
 import train_async
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import OffPolicyGuardError
+from tests.e2e.processes import ROUTER, SGLANG_SERVER, ProcessWatch
 from tests.e2e.sglang_marks import needs_sglang
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, needs_sglang, pytest.mark.timeout(900)]
@@ -52,6 +54,26 @@ def test_async_ppo_keep_old_actor_denominator_matches_sglangs_log_probs(make_arg
     assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
     saved = torch.load(str(dump).format(rollout_id=0), weights_only=False)["samples"]
     assert all(sample["sampling_kept_ids"] is not None for sample in saved)
+
+
+def test_an_upstream_style_http_generate_function_trains_on_sglangs_servers(make_args, monkeypatch):
+    """Upstream's shape end to end: the function posts to the router miles started, which sends each request to an
+    engine's front and from there to SGLang's own server process; the samples' log-probs and versions are what
+    SGLang served (the guard and the denominator check pass). During the run there are one router and one SGLang
+    server process; after it, neither."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--custom-generate-function-path",
+                     "examples.custom_generate.single_turn_http.generate", "--custom-rm-path",
+                     "examples.custom_generate.reward.reward_func", *SGLANG)
+    with ProcessWatch(ROUTER, SGLANG_SERVER) as watch:
+        records = _run(args, "async")
+    _check_common(records, args)
+    assert [record["off_policy/staleness_max"] for record in records] == [0, 1, 1]
+    assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
+    assert len(watch.seen[ROUTER]) == 1 and len(watch.seen[SGLANG_SERVER]) == 1
+    assert watch.alive() == []
 
 
 @pytest.mark.parametrize("correction", ["--use-rollout-logprobs", "--use-tis"])
