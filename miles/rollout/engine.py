@@ -135,20 +135,24 @@ class TorchRolloutEngine:
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         return [
             build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index, n_samples_per_prompt,
-                         versions, self.weight_fingerprint, prompt_tokens, row)
-            for index, (prompt_tokens, row) in enumerate(zip(rows, generated, strict=True))
+                         row_versions, self.weight_fingerprint, prompt_tokens, row)
+            for index, (prompt_tokens, row, row_versions) in enumerate(zip(rows, generated, versions, strict=True))
         ]
 
     def generate_rows(self, prompt_ids: list[list[int]], n_samples_per_prompt: int, temperature: float,
-                      max_new_tokens: int, seed: int, sampling: dict | None = None) -> tuple[Generated, list[int]]:
-        """``n_samples_per_prompt`` generated rows per tokenized prompt, and the weight version(s) that generated
-        them (both engines' one step, for ``generate`` and for the HTTP server)."""
+                      max_new_tokens: int, seed: int, sampling: dict | None = None,
+                      row_seeds: list[int] | None = None) -> tuple[Generated, list[list[int]]]:
+        """``n_samples_per_prompt`` generated rows per tokenized prompt, and each row's weight version(s) (both
+        engines' one step, for ``generate`` and for the HTTP server). ``row_seeds``: one seed per row (the
+        server's batch of requests, each with its own ``sampling_seed``), each row drawn from its own generator;
+        else every row from one generator seeded by ``seed``."""
         check_generate_args([{}], n_samples_per_prompt, temperature, max_new_tokens)
         options = sampling_options(sampling, self.model.config.vocab_size)
         check_positions(prompt_ids, max_new_tokens, getattr(self.model.config, "max_position_embeddings", None))
         check_token_ids(prompt_ids, self.model.config.vocab_size)
         version_at_start = self.weight_version
-        generator = torch.Generator().manual_seed(mix_seeds(self.seed, seed))
+        generator = (torch.Generator().manual_seed(mix_seeds(self.seed, seed)) if row_seeds is None
+                     else [torch.Generator().manual_seed(mix_seeds(self.seed, row_seed)) for row_seed in row_seeds])
         with torch.inference_mode():
             generated = sample_with_kv_cache(
                 self.model,
@@ -163,7 +167,8 @@ class TorchRolloutEngine:
                 lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=True),
             )
         # Both versions, should a weight load ever land mid-generation: the runtime guard then refuses the samples.
-        return generated, sorted({version_at_start, self.weight_version})
+        versions = sorted({version_at_start, self.weight_version})
+        return generated, [versions] * len(generated)
 
     def encode_texts(self, texts: list[str], max_response_len: int) -> list[list[int]]:
         """Each prompt's token ids, checked to fit the model's positions with ``max_response_len`` new tokens."""
@@ -209,7 +214,7 @@ def sample_with_kv_cache(
     stop_token_ids: set[int],
     temperature: float,
     max_new_tokens: int,
-    generator: torch.Generator,
+    generator: torch.Generator | list[torch.Generator],
     options: SamplingOptions = WHOLE_SOFTMAX,
     decode: Callable[[list[int]], str] | None = None,
 ) -> Generated:
@@ -260,17 +265,26 @@ def sample_with_kv_cache(
                 options.truncates and options.logprobs == "truncated")
 
 
-def _sample_step(log_probs: torch.Tensor, options: SamplingOptions, generator: torch.Generator):
+def _sample_step(log_probs: torch.Tensor, options: SamplingOptions, generator):
     """One token per row from log_probs (B, V): (tokens (B, 1), their reported log-probs (B,), kept ids per row or
     None). Whole softmax: the tokens are drawn from exp(log_probs) exactly as before truncation existed."""
     if not options.truncates:
-        tokens = torch.multinomial(log_probs.exp(), num_samples=1, generator=generator)
+        tokens = _draw(log_probs.exp(), generator)
         return tokens, log_probs.gather(1, tokens).squeeze(1), None
     kept = kept_tokens(log_probs, options.top_p, options.top_k, options.min_p)  # (B, V)
     sampled_from = renormalized_log_probs(log_probs, kept)  # (B, V)
-    tokens = torch.multinomial(sampled_from.exp(), num_samples=1, generator=generator)
+    tokens = _draw(sampled_from.exp(), generator)
     reported = log_probs if options.logprobs == "full" else sampled_from
     return tokens, reported.gather(1, tokens).squeeze(1), kept_ids_per_row(kept)
+
+
+def _draw(probs: torch.Tensor, generator) -> torch.Tensor:
+    """One token per row of probs (B, V) -> (B, 1): from one generator, or row i from ``generator[i]`` (so a row's
+    draw does not depend on the rows batched with it)."""
+    if isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, num_samples=1, generator=generator)
+    return torch.cat([torch.multinomial(probs[row:row + 1], num_samples=1, generator=own)
+                      for row, own in enumerate(generator)])
 
 
 def _prefill(

@@ -6,8 +6,14 @@ free port, and answers ``/generate`` (``miles.rollout.endpoint``) and what the r
 ``/health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``, ``/abort_request``
 and ``/get_weight_version``.
 
-One weight version per answer: the actor shell holds one lock around every engine verb and every generation served
-here, so a push never lands inside a request (``miles.rollout.engine_actor``).
+Requests are batched: one thread takes every request waiting for the engine, groups those that sample alike
+(temperature, length, top-p/k, min-p, stops) and generates each group in one engine call, each row with its own
+seed (the request's ``sampling_seed``, else the server's next one). A generate function awaits its samples' requests
+together, so they reach the engine as one batch, as miles' own rollouts do; which requests share a batch changes only
+the last bits of their log-probs (float rounding of the padded batch), and the records keep what was served.
+
+One weight version per answer: the actor shell holds one lock around every engine verb and every batch served here,
+so a push never lands inside a request (``miles.rollout.engine_actor``).
 
 The server is the witness: every answer is recorded by its tokens (prompt + response) with the log-probs, the
 weight versions and the fingerprint of the weights that produced it, and the kept ids of truncated sampling. The
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import queue
 import socket
 import threading
 from collections import OrderedDict
@@ -27,11 +34,12 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from miles.rollout.endpoint import EndpointError, generate_answer, parse_generate, trimmed_text
+from miles.rollout.endpoint import EndpointError, GenerateRequest, generate_answer, parse_generate, trimmed_text
 from miles.utils.errors import MilesConfigError, RolloutEngineError
 
 MAX_WITNESSED = 200_000  # answers kept until the manager takes them; the oldest go first beyond this
 START_TIMEOUT_S = 30.0
+MAX_BATCH_REQUESTS = 256  # requests taken into one round of batches
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,29 @@ class Served:
     weight_versions: list[int]
     weight_fingerprint: str | None
     kept_ids: list[list[int]] | None
+
+
+@dataclass
+class Pending:
+    """A request waiting for the engine, and where its answers go (on the server's event loop)."""
+
+    request: GenerateRequest
+    number: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def group(self) -> tuple:
+        """Requests of one group sample alike and are generated in one engine call."""
+        r = self.request
+        return (r.temperature, r.max_new_tokens, repr(sorted(r.sampling.items())))
+
+    def resolve(self, outcome) -> None:
+        def set_outcome():
+            if not self.future.done():
+                (self.future.set_exception if isinstance(outcome, BaseException) else self.future.set_result)(outcome)
+
+        self.loop.call_soon_threadsafe(set_outcome)
 
 
 class EngineServer:
@@ -56,12 +87,15 @@ class EngineServer:
         self.seeds = itertools.count()  # a request without sampling_seed takes the engine's next one
         self.aborted_before = 0  # requests numbered below this were aborted while they waited
         self.requests = itertools.count(1)
+        self.waiting: queue.Queue[Pending] = queue.Queue()
+        self.stopping = threading.Event()
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, 0))
         self.url = f"http://{host}:{self.socket.getsockname()[1]}"
         self.server = None
         self.thread = None
+        self.batcher = threading.Thread(target=self._batch_forever, name="miles-engine-batcher", daemon=True)
 
     def start(self) -> str:
         """Serve on a daemon thread; returns the URL once uvicorn listens (a failure is one line)."""
@@ -73,6 +107,7 @@ class EngineServer:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="miles-engine-server", daemon=True)
         self.thread.start()
+        self.batcher.start()
         for _ in range(int(START_TIMEOUT_S / 0.05)):
             if self.server.started:
                 return self.url
@@ -83,9 +118,12 @@ class EngineServer:
                                  f"{START_TIMEOUT_S:g} s")
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.server is not None:
             self.server.should_exit = True
             self.thread.join(timeout=10)
+        if self.batcher.is_alive():
+            self.batcher.join(timeout=10)
         self.socket.close()
 
     def take_witnessed(self) -> dict[tuple[int, ...], list[Served]]:
@@ -104,7 +142,10 @@ class EngineServer:
             number = next(self.requests)
             try:
                 parsed = parse_generate(await request.json())
-                answers = await asyncio.to_thread(self._serve, parsed, number)
+                pending = Pending(parsed, number, asyncio.get_running_loop().create_future(),
+                                  asyncio.get_running_loop())
+                self.waiting.put(pending)
+                answers = await pending.future
             except (EndpointError, MilesConfigError) as error:  # the request's fault: not retried
                 return JSONResponse({"error": {"message": str(error)}}, status_code=400)
             except Exception as error:  # noqa: BLE001 - the engine's (a divergence): its message, not a bare 500
@@ -142,23 +183,63 @@ class EngineServer:
 
         return app
 
-    def _serve(self, request, number: int) -> list[dict]:
-        """Generate the request's rows under the engine lock and record each answer (module docstring)."""
+    def _batch_forever(self) -> None:
+        """Take every waiting request, and serve each group of alike ones in one engine call, until stopped."""
+        while not self.stopping.is_set():
+            try:
+                pending = [self.waiting.get(timeout=0.1)]
+            except queue.Empty:
+                continue
+            while len(pending) < MAX_BATCH_REQUESTS:
+                try:
+                    pending.append(self.waiting.get_nowait())
+                except queue.Empty:
+                    break
+            groups: dict[tuple, list[Pending]] = {}
+            for one in pending:
+                groups.setdefault(one.group, []).append(one)
+            for group in groups.values():
+                self._serve_group(group)
+
+    def _serve_group(self, group: list[Pending]) -> None:
+        """One engine call for the group; if it fails and holds several requests, each alone (so one bad request,
+        a prompt too long for the model, fails only itself)."""
+        try:
+            answers = self._generate(group)
+        except Exception as error:  # noqa: BLE001 - handed to the request(s), answered 400 or 500
+            if len(group) == 1:
+                group[0].resolve(error)
+                return
+            for one in group:
+                self._serve_group([one])
+            return
+        for one, answer in zip(group, answers, strict=True):
+            one.resolve(answer)
+
+    def _generate(self, group: list[Pending]) -> list[list[dict]]:
+        """The answers of each request of a group (module docstring), recorded as witnessed."""
+        first = group[0].request
         with self.lock:
-            rows = request.rows
-            if rows is None:
-                rows = self.engine.encode_texts(request.texts, request.max_new_tokens)
-            if number < self.aborted_before:
-                return [generate_answer(rid, len(row), [], [], False, self.engine.weight_version, "",
-                                        request.return_logprob, aborted=True)
-                        for rid, row in zip(request.rids, rows, strict=True)]
-            seed = request.seed if request.seed is not None else next(self.seeds)
-            sampling = {**request.sampling, "logprobs": self.logprobs}
-            generated, versions = self.engine.generate_rows(rows, 1, request.temperature, request.max_new_tokens,
-                                                            seed, sampling)
-            fingerprint = self.engine.weight_fingerprint
+            rows_of = [one.request.rows if one.request.rows is not None
+                       else self.engine.encode_texts(one.request.texts, first.max_new_tokens) for one in group]
+            served = [one for one, _ in zip(group, rows_of, strict=True) if one.number >= self.aborted_before]
+            rows = [row for one, own in zip(group, rows_of, strict=True) if one in served for row in own]
+            seeds = [one.request.seed if one.request.seed is not None else next(self.seeds)
+                     for one, own in zip(group, rows_of, strict=True) if one in served for _ in own]
+            generated, versions = self.engine.generate_rows(
+                rows, 1, first.temperature, first.max_new_tokens, 0, {**first.sampling, "logprobs": self.logprobs},
+                row_seeds=seeds) if rows else ([], [])
+            fingerprint, held = self.engine.weight_fingerprint, self.engine.weight_version
+        outputs = iter(zip(generated, versions, strict=True))
+        return [self._answers(one.request, own, outputs, fingerprint) if one in served
+                else [generate_answer(rid, len(row), [], [], False, held, "", one.request.return_logprob,
+                                      aborted=True) for rid, row in zip(one.request.rids, own, strict=True)]
+                for one, own in zip(group, rows_of, strict=True)]
+
+    def _answers(self, request: GenerateRequest, rows: list[list[int]], outputs, fingerprint: str | None) -> list[dict]:
         answers = []
-        for rid, row, out in zip(request.rids, rows, generated, strict=True):
+        for rid, row in zip(request.rids, rows, strict=True):
+            out, versions = next(outputs)
             with self.witness_lock:
                 self.witnessed.setdefault(tuple(row + out.tokens), []).append(
                     Served(out.log_probs, versions, fingerprint, out.kept_ids))

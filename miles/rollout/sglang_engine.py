@@ -191,13 +191,15 @@ class SGLangRolloutEngine:
                                                  seed, sampling)
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         return [build_sample(self.tokenizer, prompts[index // n_samples_per_prompt], index, n_samples_per_prompt,
-                             [version], self.weight_fingerprint, row, generated_row)
-                for index, (row, generated_row, version) in enumerate(zip(rows, generated, versions, strict=True))]
+                             row_versions, self.weight_fingerprint, row, generated_row)
+                for index, (row, generated_row, row_versions) in enumerate(zip(rows, generated, versions, strict=True))]
 
     def generate_rows(self, prompt_ids: list[list[int]], n_samples_per_prompt: int, temperature: float,
-                      max_new_tokens: int, seed: int, sampling: dict | None = None) -> tuple[list[GeneratedRow], list[int]]:
+                      max_new_tokens: int, seed: int, sampling: dict | None = None,
+                      row_seeds: list[int] | None = None) -> tuple[list[GeneratedRow], list[list[int]]]:
         """``n_samples_per_prompt`` generated rows per tokenized prompt, and the weight version SGLang stamped on
-        each row (both engines' one step, for ``generate`` and for the HTTP server)."""
+        each row, as a one-item list (both engines' one step, for ``generate`` and for the HTTP server). Row i's ``sampling_seed`` is
+        mixed from ``row_seeds[i]`` when given (the server's batch of requests), else from (``seed``, i)."""
         check_generate_args([{}], n_samples_per_prompt, temperature, max_new_tokens)
         options = sampling_options(sampling, self.config.vocab_size)
         check_positions(prompt_ids, max_new_tokens, getattr(self.config, "max_position_embeddings", None))
@@ -205,14 +207,16 @@ class SGLangRolloutEngine:
         check_kv_capacity(prompt_ids, max_new_tokens, self.max_request_tokens)
         rows = [ids for ids in prompt_ids for _ in range(n_samples_per_prompt)]
         params = sampling_params(temperature, max_new_tokens, options)
-        per_row = [{**params, "sampling_seed": mix_seeds(seed, row)} for row in range(len(rows))]
+        seeds = [mix_seeds(seed, row) for row in range(len(rows))] if row_seeds is None else [
+            mix_seeds(row_seed, 0) for row_seed in row_seeds]
+        per_row = [{**params, "sampling_seed": row_seed} for row_seed in seeds]
         status, outputs = self.server.call("/generate", {
             "input_ids": rows, "sampling_params": per_row, "return_logprob": True,
             "top_logprobs_num": top_logprobs_num(options, self.config.vocab_size) or 0})
         if status != 200:
             raise RolloutEngineError(f"{self.name}: SGLang's /generate answered HTTP {status}: {outputs}")
         answered = [self._response(output, options, max_new_tokens) for output in outputs]
-        return [row for row, _ in answered], [version for _, version in answered]
+        return [row for row, _ in answered], [[version] for _, version in answered]
 
     def encode_texts(self, texts: list[str], max_response_len: int) -> list[list[int]]:
         """Each prompt's token ids, checked to fit the model's positions and SGLang's KV cache."""

@@ -23,11 +23,16 @@ import httpx
 from miles.utils.errors import RolloutEngineError
 
 DEFAULT_TIMEOUT_S = 600.0  # --rollout-request-timeout's default
+# Open connections per engine: httpx's pool costs more per request the more connections it juggles; a rollout of 128
+# concurrent requests to one torch engine ran at 350 samples/s with 8, 320 with 16, 190 with 32, 110 with 64
+# (bench/http_rollout.py, docs/benchmarks.md). The requests beyond them wait in the pool.
+CONNECTIONS_PER_ENGINE = 8
 RETRY_WAIT_S = 1.0
 RETRIED_STATUS = {429, 502, 503, 504}  # a busy or restarting server; a 500 is an engine's error, raised
 
 _client: httpx.AsyncClient | None = None
 _timeout_s = DEFAULT_TIMEOUT_S
+_max_connections = 2 * CONNECTIONS_PER_ENGINE
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,16 +43,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def init_http_client(args) -> None:
-    """This process's client, with the run's per-request time-out (``--rollout-request-timeout``)."""
-    global _client, _timeout_s
+    """This process's client, with the run's per-request time-out (``--rollout-request-timeout``) and
+    ``CONNECTIONS_PER_ENGINE`` connections per rollout engine."""
+    global _client, _timeout_s, _max_connections
     _timeout_s = float(getattr(args, "rollout_request_timeout", DEFAULT_TIMEOUT_S))
+    _max_connections = CONNECTIONS_PER_ENGINE * max(1, getattr(args, "rollout_num_engines", None) or 1)
     _client = None  # made on the loop that first uses it
 
 
 def _http_client() -> httpx.AsyncClient:
     global _client
     if _client is None:
-        _client = httpx.AsyncClient(timeout=httpx.Timeout(_timeout_s), limits=httpx.Limits(max_connections=256))
+        _client = httpx.AsyncClient(timeout=httpx.Timeout(_timeout_s),
+                                    limits=httpx.Limits(max_connections=_max_connections))
     return _client
 
 

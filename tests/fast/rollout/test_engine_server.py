@@ -124,3 +124,47 @@ def test_the_text_is_cut_before_the_stop_string_unless_no_stop_trim():
     assert trimmed_text("12 END", ["END"], stopped=True, no_stop_trim=False) == "12 "
     assert trimmed_text("12 END", ["END"], stopped=True, no_stop_trim=True) == "12 END"
     assert trimmed_text("12 END", ["END"], stopped=False, no_stop_trim=False) == "12 END"
+
+
+class _CountingEngine:
+    """The engine with its generate_rows calls counted (row counts per call)."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate_rows(self, rows, *args, **kwargs):
+        self.calls.append(len(rows))
+        return self.engine.generate_rows(rows, *args, **kwargs)
+
+
+def test_requests_that_wait_together_are_one_batch_and_a_seed_draws_the_same_tokens_alone(engine):
+    counting = _CountingEngine(engine)
+    served = EngineServer(counting, threading.Lock(), "torch rollout engine", "truncated")
+    served.start()
+    try:
+        prompts = [engine.tokenizer(text)["input_ids"] for text in ("3+4=", "12+345=", "9=", "1+1+1+1=")]
+        bodies = [{"input_ids": prompts[i % 4], "return_logprob": True,
+                   "sampling_params": {"max_new_tokens": 4, "top_k": 5, "sampling_seed": 100 + i}} for i in range(8)]
+        answers = [None] * 8
+        with served.lock:  # the engine is busy: the requests wait together
+            threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, _post(served, bodies[i]).json()))
+                       for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for _ in range(200):  # until all 8 wait (bounded: 10 s)
+                if served.waiting.qsize() + sum(counting.calls) >= 7:
+                    break
+                threading.Event().wait(0.05)
+        for thread in threads:
+            thread.join(timeout=30)
+        assert sum(counting.calls) == 8 and len(counting.calls) <= 2  # the first may have been taken alone
+        for body, batched in zip(bodies, answers, strict=True):
+            alone = _post(served, body).json()
+            assert alone["output_ids"] == batched["output_ids"]  # the row's own generator: its seed decides
+            assert [e[0] for e in alone["meta_info"]["output_token_logprobs"]] == pytest.approx(
+                [e[0] for e in batched["meta_info"]["output_token_logprobs"]], abs=1e-5)  # padding: last bits only
+    finally:
+        served.stop()

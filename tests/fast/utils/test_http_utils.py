@@ -17,6 +17,7 @@ def answers(monkeypatch):
     calls = []
     monkeypatch.setattr(http_utils, "RETRY_WAIT_S", 0.0)
     monkeypatch.setattr(http_utils, "_timeout_s", http_utils._timeout_s)  # put back after init_http_client
+    monkeypatch.setattr(http_utils, "_max_connections", http_utils._max_connections)
 
     def use(handler):
         def recorded(request):
@@ -74,5 +75,6 @@ def test_a_hung_server_is_an_error_naming_the_time_out_flag(answers):
 def test_get_and_the_flag_set_the_time_out(answers, monkeypatch):
     answers(lambda request: httpx.Response(200, json={"weight_version": "3"}))
     assert run(http_utils.get("http://router/get_weight_version")) == {"weight_version": "3"}
-    http_utils.init_http_client(SimpleNamespace(rollout_request_timeout=2.5))
-    assert http_utils._http_client().timeout.read == 2.5
+    http_utils.init_http_client(SimpleNamespace(rollout_request_timeout=2.5, rollout_num_engines=3))
+    client = http_utils._http_client()
+    assert client.timeout.read == 2.5 and client._transport._pool._max_connections == 3 * http_utils.CONNECTIONS_PER_ENGINE
