@@ -235,6 +235,8 @@ def parse_args(add_custom_arguments=None, argv=None) -> argparse.Namespace:
             args.architecture_given[dest] = getattr(args, dest)
     args.sglang_words = sglang_words
     args.router_words = router_words  # sglang-router's options (--router-*): its own parser checks them
+    # upstream's generate functions read it; --partial-rollout is refused (partial rollouts are not implemented yet)
+    args.partial_rollout = False
     miles_validate_args(args)
     args.notes = [*accepted, *args.notes]  # said once at startup (configure_logging), with the corrections' note
     return args

@@ -176,7 +176,7 @@ def test_the_function_generates_over_http_with_its_own_sampling_parameters(tmp_p
         assert all(len(ids) <= 4 for ids in sample.sampling_kept_ids)  # the function's top_k 4 acted
         assert sample.rollout_log_probs == pytest.approx(_forward_log_probs(server.engine, sample, 0.4), abs=1e-5)
         assert sample.loss_mask == [1] * sample.response_length
-    assert metrics["rollout/num_samples"] == 4.0
+    assert metrics["rollout/num_samples"] == 4.0 and manager.args.partial_rollout is False  # upstream reads it
     again, _ = _manager(tmp_path, monkeypatch, server, "colder").generate(rollout_id=0)
     assert [s.tokens for s in again.samples] == [s.tokens for s in batch.samples]  # reproducible from the seed
     SEEN.clear()
