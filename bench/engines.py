@@ -52,12 +52,17 @@ def median_rollout_s(engine, prompts: list[dict], samples: int, max_len: int, re
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def rollout_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The embedded run's rollout (prompts x samples, response length) and the timed repeats (also bench/http_rollout.py)."""
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-response-len", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rollout_shape_arguments(parser)
     options = parser.parse_args()
     embedded = ensure_embedded_default()
     lines = Path(embedded.train_jsonl).read_text().splitlines()[: options.prompts]

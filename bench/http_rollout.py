@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 import httpx
 import ray
+from engines import rollout_shape_arguments  # bench/engines.py: this script's folder is first on sys.path
 
 from miles.rollout.embedded import ensure_embedded_default
 from miles.rollout.engine_actor import engine_actor_class
@@ -113,10 +114,7 @@ def measure(name: str, checkpoint: str, prompts: list[dict], options) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--max-response-len", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5)
+    rollout_shape_arguments(parser)
     parser.add_argument("--latency-requests", type=int, default=200)
     parser.add_argument("--engines", nargs="+", default=["torch", "sglang"], choices=["torch", "sglang"])
     options = parser.parse_args()

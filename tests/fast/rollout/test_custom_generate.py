@@ -6,16 +6,13 @@ witnessed by the server."""
 import copy
 import json
 import math
-import threading
 
 import pytest
-import torch
 
 from miles.ray import rollout_manager as rollout_manager_module
 from miles.ray.rollout_manager import RolloutManager
 from miles.rollout.base_types import GenerateFnInput, GenerateFnOutput
 from miles.rollout.custom_generate import load_generate_function
-from miles.rollout.engine_server import EngineServer
 from miles.rollout.generate_api import GenerateState, compute_prompt_ids_from_sample, update_sample_from_response
 from miles.rollout.generate_hub import single_turn
 from miles.rollout.sglang_rollout import generate
@@ -24,6 +21,7 @@ from miles.utils.async_utils import run
 from miles.utils.errors import MilesConfigError, RolloutEngineError
 from miles.utils.http_utils import post
 from miles.utils.types import Sample, SampleStatus
+from tests.fast.rollout.reference import forward_log_probs
 
 HERE = __name__  # the functions below are named by this module's dotted path, as a launch names its own
 SEEN = []  # (prompt, evaluation, sampling_params) of each call of `colder`
@@ -125,14 +123,6 @@ class _ServedEngine:
         return self.server.take_witnessed()
 
 
-@pytest.fixture(scope="module")
-def server(engine):
-    served = EngineServer(engine, threading.Lock(), "torch rollout engine", "truncated")
-    served.start()
-    yield served
-    served.stop()
-
-
 def _manager(tmp_path, monkeypatch, server, function: str, *argv):
     monkeypatch.setattr(rollout_manager_module.ray, "get", lambda values: values)
     data = tmp_path / "prompts.jsonl"
@@ -148,17 +138,8 @@ def _manager(tmp_path, monkeypatch, server, function: str, *argv):
 
 
 def _forward_log_probs(engine, sample, temperature: float) -> list[float]:
-    """The response's log-probs from one full forward pass (renormalized over the kept ids), computed here."""
-    with torch.no_grad():
-        logits = engine.model(input_ids=torch.tensor([sample.tokens])).logits[0] / temperature  # (L, V)
-    logits = logits[sample.prompt_length - 1:-1]
-    if sample.sampling_kept_ids is not None:
-        mask = torch.full_like(logits, float("-inf"))
-        for position, ids in enumerate(sample.sampling_kept_ids):
-            mask[position, ids] = 0.0
-        logits = logits + mask
-    response = torch.tensor(sample.tokens[sample.prompt_length:])
-    return torch.log_softmax(logits, dim=-1).gather(1, response[:, None]).squeeze(1).tolist()
+    prompt, response = sample.tokens[:sample.prompt_length], sample.tokens[sample.prompt_length:]
+    return forward_log_probs(engine, prompt, response, temperature, sample.sampling_kept_ids)
 
 
 def test_the_function_generates_over_http_with_its_own_sampling_parameters(tmp_path, monkeypatch, server):

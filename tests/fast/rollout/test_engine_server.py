@@ -6,38 +6,15 @@ import threading
 
 import httpx
 import pytest
-import torch
 
 from miles.rollout.endpoint import EndpointError, parse_generate, trimmed_text
 from miles.rollout.engine_server import EngineServer
 from miles.utils.types import Sample, SampleStatus
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    served = EngineServer(engine, threading.Lock(), "torch rollout engine", "truncated")
-    served.start()
-    yield served
-    served.stop()
+from tests.fast.rollout.reference import forward_log_probs
 
 
 def _post(server, body, path="/generate"):
     return httpx.post(server.url + path, json=body, timeout=30)
-
-
-def _full_forward_log_probs(engine, prompt: list[int], response: list[int], temperature: float,
-                            kept_ids: list[list[int]] | None) -> list[float]:
-    """log softmax(logits / T) of each response token from one forward pass over prompt + response, renormalized over
-    the kept ids when the engine sampled from a truncated set (independent of the engine's KV-cached loop)."""
-    tokens = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = engine.model(input_ids=tokens).logits[0, len(prompt) - 1:-1] / temperature  # (T, V)
-    if kept_ids is not None:
-        mask = torch.full_like(logits, float("-inf"))
-        for position, ids in enumerate(kept_ids):
-            mask[position, ids] = 0.0
-        logits = logits + mask
-    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
 
 
 def test_an_answer_has_sglangs_shape_and_the_engines_log_probs(server, engine):
@@ -52,7 +29,7 @@ def test_an_answer_has_sglangs_shape_and_the_engines_log_probs(server, engine):
     assert [entry[1] for entry in meta["output_token_logprobs"]] == tokens
     (served,) = server.take_witnessed()[tuple(prompt + tokens)]
     assert all(len(ids) <= 5 for ids in served.kept_ids)  # top_k 5 acted
-    reference = _full_forward_log_probs(engine, prompt, tokens, 0.7, served.kept_ids)
+    reference = forward_log_probs(engine, prompt, tokens, 0.7, served.kept_ids)
     assert [entry[0] for entry in meta["output_token_logprobs"]] == pytest.approx(reference, abs=1e-5)
     assert served.weight_versions == [0] and served.weight_fingerprint == engine.weight_fingerprint
 
