@@ -51,7 +51,12 @@ def route_engines(args, placement: Placement, rollout_manager, servers: list) ->
         log_path = os.path.join(args.log_dir, "sglang_router.log")
         os.makedirs(args.log_dir, exist_ok=True)
         router = start_router(urls, router_words(args), timeout_s, log_path)
-        placement.stoppers.append(router.stop)
         args.sglang_router_ip, args.sglang_router_port = router.ip, router.port
+
+        def stop() -> None:
+            router.stop()
+            args.sglang_router_ip = args.sglang_router_port = None  # a next run with these args starts its own
+
+        placement.stoppers.append(stop)
         logger.info("sglang-router (pid %d) at %s in front of %s", router.pid, router.url, urls)
     ray.get(rollout_manager.set_router.remote(args.sglang_router_ip, args.sglang_router_port))

@@ -236,3 +236,38 @@ def test_router_words_are_checked_by_sglang_routers_parser_and_passed_without_th
 def test_a_bad_router_word_is_refused_before_anything_starts(words, named):
     with pytest.raises(MilesConfigError, match=named):
         check_router_words(words)
+
+
+def test_the_router_miles_started_is_stopped_with_the_run_and_its_address_forgotten(workers, spawned, monkeypatch,
+                                                                                  tmp_path):
+    """``route_engines`` as the run calls it (Ray's ``get`` is the identity here): the address it filled in is
+    cleared when the run's placement is released, so a second run with the same ``args`` starts its own router; a
+    router the launch named is left running and keeps its address."""
+    from miles.ray import routing
+    from miles.ray.cluster import Placement
+
+    monkeypatch.setattr(routing.ray, "get", lambda value: value)
+    (worker,) = workers(1)
+
+    class Manager:
+        def __init__(self):
+            self.set_router = self
+            self.address = None
+
+        def remote(self, ip, port):
+            self.address = (ip, port)
+
+    args = parse_args(argv=["--log-dir", str(tmp_path)])
+    args.router_cli_words, manager, placement = [], Manager(), Placement(None, [])
+    routing.route_engines(args, placement, manager, [worker.url])
+    (router,) = spawned
+    assert manager.address == (args.sglang_router_ip, args.sglang_router_port) and router.poll() is None
+    placement.stoppers[0]()
+    assert router.poll() is not None and (args.sglang_router_ip, args.sglang_router_port) == (None, None)
+    with start_router([], [], START_TIMEOUT_S) as users_router:  # a router the launch names
+        args.sglang_router_ip, args.sglang_router_port = users_router.ip, users_router.port
+        placement = Placement(None, [])
+        routing.route_engines(args, placement, manager, [worker.url])
+        placement.stoppers[0]()
+        assert (args.sglang_router_ip, args.sglang_router_port) == (users_router.ip, users_router.port)
+        assert httpx.get(f"{users_router.url}/workers", timeout=5).json()["workers"] == []  # removed at the end
