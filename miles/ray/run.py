@@ -354,9 +354,9 @@ def training_run(args, driver: str):
             # The engines start while the train processes do (each imports torch and loads a model): a run's
             # start-up is the slower of the two, not their sum.
             rollout_manager = create_rollout_manager(args, placement)
-            servers = start_engine_servers(args, placement)
+            started = start_engine_servers(args, placement)  # the router's process too, while the trainers start
             start_roles(roles)
-            route_engines(args, placement, rollout_manager, servers)
+            route_engines(args, placement, rollout_manager, started)
             run_state, exact = checkpoint.resume_run_state(args, driver)
             start_rollout_id = ray.get(actor.init.remote(exact))
             if critic is not None:

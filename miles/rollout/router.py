@@ -1,7 +1,7 @@
 """SGLang's router (the ``sglang-router`` wheel, 0.3.2) in front of the rollout engines' HTTP servers ("workers").
 
-miles starts one (``start_router``; it owns its end) or adds its workers to the user's (``register_workers``, then
-``remove_workers``). What the router asks of a worker, recorded by tests/fast/rollout/test_router.py:
+miles starts one (``launch_router`` while the run starts, then ``register_workers``; ``start_router`` does both for
+a known fleet; it owns its end) or adds its workers to the user's (``register_workers``, then ``remove_workers``). What the router asks of a worker, recorded by tests/fast/rollout/test_router.py:
 
 - Registration (``--worker-urls``, or ``POST /workers {"url": ...}``): ``GET /health`` must answer 2xx (two HTTP/2
   gRPC probes, ``PRI *``, come with it: uvicorn logs them as invalid requests); then ``GET /server_info`` (``GET
@@ -59,8 +59,8 @@ logger = logging.getLogger(__name__)
 class RouterProcess:
     """One sglang-router subprocess miles started (it owns the process's end)."""
 
-    def __init__(self, proc: subprocess.Popen, ip: str, port: int) -> None:
-        self._proc, self.ip, self.port, self.pid = proc, ip, port, proc.pid
+    def __init__(self, proc: subprocess.Popen, ip: str, port: int, log_path: str | None = None) -> None:
+        self._proc, self.ip, self.port, self.pid, self.log_path = proc, ip, port, proc.pid, log_path
 
     @property
     def url(self) -> str:
@@ -80,6 +80,18 @@ class RouterProcess:
             except subprocess.TimeoutExpired:
                 pass
         logger.warning("sglang-router pid %d survived SIGKILL for %.0f s", self.pid, STOP_GRACE_S)
+
+    def wait_until_ready(self, worker_urls: list[str], timeout_s: float) -> None:
+        """Return once the router answers and lists every one of ``worker_urls`` healthy; else stop it and raise
+        one ``RolloutEngineError`` line with the tail of its log."""
+        try:
+            missing = _wait_ready(self.url, worker_urls, timeout_s, self._proc)
+        except BaseException:
+            self.stop()
+            raise
+        if missing is not None:
+            self.stop()
+            raise RolloutEngineError(_failure(self.url, missing, timeout_s) + f"; {_log_tail(self.log_path)}")
 
     def __enter__(self) -> RouterProcess:
         return self
@@ -111,7 +123,16 @@ def check_router_words(words: list[str]) -> tuple[list[str], dict]:
 
 def start_router(worker_urls: list[str], router_words: list[str], timeout_s: float,
                  log_path: str | None = None) -> RouterProcess:
-    """Start sglang-router on 127.0.0.1 in front of ``worker_urls``; return once it lists every worker healthy.
+    """Start sglang-router on 127.0.0.1 in front of ``worker_urls``; return once it lists every worker healthy."""
+    router = launch_router(router_words, log_path, worker_urls)
+    router.wait_until_ready(worker_urls, timeout_s)
+    return router
+
+
+def launch_router(router_words: list[str], log_path: str | None = None,
+                  worker_urls: list[str] = ()) -> RouterProcess:
+    """Start sglang-router's process on 127.0.0.1 and a free port, without waiting for it (the run starts it while
+    its train processes start, then waits: ``RouterProcess.wait_until_ready``).
 
     ``router_words`` are sglang-router's own CLI words, passed through after miles's defaults for the words they
     leave out: ``--policy round_robin`` (deterministic spreading), ``--log-level warn``, and Prometheus on a free
@@ -126,21 +147,13 @@ def start_router(worker_urls: list[str], router_words: list[str], timeout_s: flo
     with open(log_path, "wb") if log_path else contextlib.nullcontext(subprocess.DEVNULL) as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_die_with_parent)
-    router = RouterProcess(proc, HOST, port)
-    try:
-        missing = _wait_ready(router.url, worker_urls, timeout_s, proc)
-    except BaseException:
-        router.stop()
-        raise
-    if missing is not None:
-        router.stop()
-        raise RolloutEngineError(_failure(router.url, missing, timeout_s) + f"; {_log_tail(log_path)}")
-    return router
+    return RouterProcess(proc, HOST, port, log_path)
 
 
 def register_workers(router_url: str, worker_urls: list[str], timeout_s: float) -> None:
-    """Add ``worker_urls`` to a router miles did not start; return once it lists them healthy. Workers it lists
-    already are not posted again (it would answer 202 and drop the duplicate in the background)."""
+    """Add ``worker_urls`` to a running router (the launch's, or miles' own once it answers); return once it lists
+    them healthy. Workers it lists already are not posted again (it would answer 202 and drop the duplicate in the
+    background)."""
     deadline = time.monotonic() + timeout_s
     try:
         with httpx.Client(timeout=HTTP_TIMEOUT_S) as client:

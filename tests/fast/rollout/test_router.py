@@ -259,7 +259,9 @@ def test_the_router_miles_started_is_stopped_with_the_run_and_its_address_forgot
 
     args = parse_args(argv=["--log-dir", str(tmp_path)])
     args.router_cli_words, manager, placement = [], Manager(), Placement(None, [])
-    routing.route_engines(args, placement, manager, [worker.url])
+    servers, router_process = routing.start_engine_servers(args, placement)  # no engines: the router alone
+    assert servers == [] and (tmp_path / "sglang_router.log").exists()
+    routing.route_engines(args, placement, manager, ([worker.url], router_process))
     (router,) = spawned
     assert manager.address == (args.sglang_router_ip, args.sglang_router_port) and router.poll() is None
     placement.stoppers[0]()
@@ -267,7 +269,9 @@ def test_the_router_miles_started_is_stopped_with_the_run_and_its_address_forgot
     with start_router([], [], START_TIMEOUT_S) as users_router:  # a router the launch names
         args.sglang_router_ip, args.sglang_router_port = users_router.ip, users_router.port
         placement = Placement(None, [])
-        routing.route_engines(args, placement, manager, [worker.url])
+        started = routing.start_engine_servers(args, placement)
+        assert started == ([], None) and placement.stoppers == []  # nothing of its own to stop
+        routing.route_engines(args, placement, manager, ([worker.url], None))
         placement.stoppers[0]()
         assert (args.sglang_router_ip, args.sglang_router_port) == (users_router.ip, users_router.port)
         assert httpx.get(f"{users_router.url}/workers", timeout=5).json()["workers"] == []  # removed at the end
