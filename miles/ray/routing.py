@@ -16,7 +16,6 @@ import ray
 
 from miles.ray.cluster import Placement
 from miles.rollout.router import register_workers, remove_workers, start_router
-from miles.utils.errors import MilesConfigError
 
 logger = logging.getLogger("miles")
 
@@ -39,10 +38,7 @@ def route_engines(args, placement: Placement, rollout_manager, servers: list) ->
     """Put the engines' servers behind the router and tell the rollout manager its address."""
     urls = ray.get(servers)
     timeout_s = args.rollout_engine_start_timeout
-    if args.sglang_router_ip is not None:
-        if args.sglang_router_port is None:
-            raise MilesConfigError(f"--sglang-router-ip {args.sglang_router_ip} is given without "
-                                   "--sglang-router-port; give both (the running router's address), or neither.")
+    if args.sglang_router_ip is not None:  # with its port: miles_validate_args checks that both are given
         router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
         register_workers(router_url, urls, timeout_s)
         placement.stoppers.append(lambda: remove_workers(router_url, urls))

@@ -236,3 +236,10 @@ def test_router_words_are_checked_by_sglang_routers_parser_and_passed_without_th
 def test_a_bad_router_word_is_refused_before_anything_starts(words, named):
     with pytest.raises(MilesConfigError, match=named):
         check_router_words(words)
+
+
+def test_a_router_address_needs_both_its_ip_and_its_port():
+    with pytest.raises(MilesConfigError, match="--sglang-router-ip is given alone"):
+        parse_args(argv=["--sglang-router-ip", "127.0.0.1"])
+    with pytest.raises(MilesConfigError, match="--sglang-router-port is given alone"):
+        parse_args(argv=["--sglang-router-port", "30000"])
