@@ -244,10 +244,12 @@ class PolicyTrainer(_TrainProcess):
         old_log_probs = self._recomputed_old_log_probs(rollout_id, samples)
         report = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": float(max(staleness)),
                   "behavior_version": float(samples[0].weight_versions[0]), "correction": self.corrections.label}
-        if old_log_probs is not None:
+        trained = trained_tokens(loss_masks, old_log_probs, rollout_log_probs) if old_log_probs is not None else None
+        if trained is not None:  # only the tokens the loss trains: a tool's output (loss mask 0) is no one's action
+            old_trained, rollout_trained, ones = trained
             with self.guard.timed():  # the comparison check_denominator reads
-                report.update(off_policy.denominator_abs_diff(old_log_probs, rollout_log_probs))
-            report.update(rollout_report(self.mismatch, old_log_probs, rollout_log_probs, loss_masks))
+                report.update(off_policy.denominator_abs_diff(old_trained, rollout_trained))
+            report.update(rollout_report(self.mismatch, old_trained, rollout_trained, ones))
             self.guard.check_denominator(rollout_id, report)
         if self.exporter.snapshots is not None:
             report["num_snapshots"] = float(len(self.exporter.snapshots))
@@ -293,13 +295,24 @@ class PolicyTrainer(_TrainProcess):
         metrics = {f"train/{name}": value for name, value in metrics.items()}
         first_step_log_probs = self.data_parallel.merged(first_step_log_probs)  # each rank saw its slice
         first = sorted(first_step_log_probs)
-        drift = policy_vs_behavior(
-            [first_step_log_probs[i] for i in first], [batch["rollout_log_probs"][i] for i in first]
-        )
-        metrics.update({f"off_policy/{name}": value for name, value in drift.items()})
+        trained = trained_tokens([batch["loss_masks"][i] for i in first], [first_step_log_probs[i] for i in first],
+                                 [batch["rollout_log_probs"][i] for i in first])
+        if trained is not None:
+            metrics.update({f"off_policy/{name}": value for name, value in policy_vs_behavior(*trained[:2]).items()})
         metrics["perf/train_s"] = time.perf_counter() - start
         metrics["perf/actor_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return metrics
+
+
+def trained_tokens(loss_masks: Tensors, *per_token: Tensors) -> tuple[Tensors, ...] | None:
+    """Each of ``per_token`` (one 1-D tensor per sample) kept at the tokens with loss mask 1, samples without one
+    dropped, and their all-ones masks; None when no token is trained."""
+    kept = [mask != 0 for mask in loss_masks]
+    samples = [i for i, keep in enumerate(kept) if bool(keep.any())]
+    if not samples:
+        return None
+    return (*([values[i][kept[i]] for i in samples] for values in per_token),
+            [torch.ones(int(kept[i].sum())) for i in samples])
 
 
 def _select(batch: dict, indices: list[int]) -> dict:

@@ -8,7 +8,7 @@ import sys
 from miles.check.launch import DEPENDS, OK, REJECTED, Verdict, check_launch
 from miles.check.script import ScriptScan, scan_script
 from miles.check.shell import ASYNC_DRIVER, SYNC_DRIVER
-from miles.config.sglang_words import sglang_option
+from miles.config.sglang_words import router_option, sglang_option
 
 # The exit status answers "would the driver refuse one of these launches?" (2 stays argparse's usage error).
 EXIT_STATUS = {OK: 0, REJECTED: 1, DEPENDS: 3}
@@ -42,10 +42,13 @@ def format_verdict(location: str, driver: str, verdict: Verdict, uses_script_arg
     for message, fix in verdict.errors:
         lines += ["  " + line for line in f"error: {message}".splitlines()]
         lines.append(f"  {fix}")
-    sglang, unknown = _sglang_words(verdict.ignored)
+    sglang, router, unknown = _passed_words(verdict.ignored)
     if sglang:
         lines.append("  SGLang server arguments (with --rollout-backend sglang the preflight checks them with SGLang's "
                      "own parser and the engines get them; the contract does not read them): " + ", ".join(sglang))
+    if router:
+        lines.append("  sglang-router options (the preflight checks them with sglang-router's own parser and the router "
+                     "miles starts gets them; the contract does not read them): " + ", ".join(router))
     if unknown:
         lines.append("  ignored (unknown to the miles parser; the contract does not read them): " + ", ".join(unknown))
     if uses_script_arguments:
@@ -53,11 +56,13 @@ def format_verdict(location: str, driver: str, verdict: Verdict, uses_script_arg
     return lines
 
 
-def _sglang_words(ignored: list[str]) -> tuple[list[str], list[str]]:
+def _passed_words(ignored: list[str]) -> tuple[list[str], list[str], list[str]]:
     """The ignored words split into SGLang's (``--sglang-*``, ``--no-sglang-*``: miles passes them to SGLang,
-    ``split_sglang_words``) and the ones miles does not know at all."""
+    ``split_sglang_words``), sglang-router's (``--router-*``, ``split_router_words``) and the ones miles does not
+    know at all."""
     sglang = [word for word in ignored if sglang_option(word) is not None]
-    return sglang, [word for word in ignored if sglang_option(word) is None]
+    router = [word for word in ignored if router_option(word) is not None]
+    return sglang, router, [word for word in ignored if sglang_option(word) is None and router_option(word) is None]
 
 
 def launch_record(file, line, driver, verdict: Verdict) -> dict:
@@ -70,7 +75,8 @@ def launch_record(file, line, driver, verdict: Verdict) -> dict:
         "unresolved": [{"word": shown, "reason": reason} for shown, reason in verdict.unresolved],
         "cannot_check": verdict.cannot_check,
         "errors": [{"message": message, "fix": fix} for message, fix in verdict.errors],
-        "ignored": _sglang_words(verdict.ignored)[1], "sglang_words": _sglang_words(verdict.ignored)[0],
+        "ignored": _passed_words(verdict.ignored)[2], "sglang_words": _passed_words(verdict.ignored)[0],
+        "router_words": _passed_words(verdict.ignored)[1],
         "errors_counted": verdict.refusals_counted,
     }
 

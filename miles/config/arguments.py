@@ -295,6 +295,7 @@ def miles_validate_args(args) -> None:
     _check_estimator_requirements(args)
     _check_checkpointing(args)
     _check_rollout_backend(args)
+    _check_router_address(args)
     check_rank_layout(args)
     apply_custom_config(args)
     # Last: it reads --num-rollout, which miles-check may not know. With --num-epoch, --num-rollout is derived from
@@ -519,6 +520,14 @@ def _check_rollout_backend(args) -> None:
             f"{words[0]} is an SGLang server argument, but --rollout-backend is {args.rollout_backend!r}, whose "
             "engines would ignore it. Add --rollout-backend sglang, or drop the --sglang-* flags."
         )
+
+
+def _check_router_address(args) -> None:
+    if (args.sglang_router_ip is None) != (args.sglang_router_port is None):
+        given = "--sglang-router-ip" if args.sglang_router_ip is not None else "--sglang-router-port"
+        raise MilesConfigError(
+            f"{given} is given alone: a running router is named by both --sglang-router-ip and --sglang-router-port; "
+            "give both, or neither (miles then starts one on 127.0.0.1).")
 
 
 def _check_checkpointing(args) -> None:

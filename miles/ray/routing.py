@@ -17,7 +17,6 @@ import ray
 
 from miles.ray.cluster import Placement
 from miles.rollout.router import RouterProcess, launch_router, register_workers, remove_workers
-from miles.utils.errors import MilesConfigError
 
 logger = logging.getLogger("miles")
 
@@ -53,7 +52,7 @@ def route_engines(args, placement: Placement, rollout_manager, started: tuple[li
     servers, router = started
     urls = ray.get(servers)
     timeout_s = args.rollout_engine_start_timeout
-    if router is None:
+    if router is None:  # the launch named its router (both its ip and port: miles_validate_args checks it)
         router_url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
         register_workers(router_url, urls, timeout_s)
         placement.stoppers.append(lambda: remove_workers(router_url, urls))

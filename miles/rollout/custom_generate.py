@@ -7,14 +7,17 @@ Both of upstream's forms: the legacy ``async def fn(args, sample, sampling_param
 ``miles.utils.http_utils.post``, or the ready-made ``miles.rollout.sglang_rollout.generate``). ``sampling_params``
 holds upstream's keys and a ``sampling_seed`` per sample, so a rollout is reproducible from its seed.
 
-The behavior-policy contract holds for every sample the function returns, witnessed by the engines, not taken from
-the function's bookkeeping (``witness``): each engine's HTTP server records what it served, by the tokens (prompt +
-response), with the log-probs, weight versions and fingerprint of the weights that produced them
-(``miles.rollout.engine_server``). A returned sample's tokens must be one such answer, its log-probs exactly the
-engine's; miles then sets its weight versions, fingerprint and kept ids from the record (a version the function
-recorded itself must agree). A sample the function made or changed itself is refused naming the function and the
-field. A function may change the prompt or the sampling parameters, zero entries of the loss mask (an empty mask
-means every response token is trained, as upstream), and set ``sample.reward`` (else the reward function scores it).
+The behavior-policy contract holds for every token the function trains, witnessed by the engines, not taken from the
+function's bookkeeping (``witness``): each engine's HTTP server records what it served, by its context (the request's
+tokens), with the generated tokens, their log-probs, and the weight versions and fingerprint of the weights that
+produced them (``miles.rollout.engine_server``). A returned sample is a series of engine turns, each an answer served
+after exactly the tokens before it, with exactly its log-probs, and tokens the function added between them (a tool's
+output, an observation) with loss mask 0 (``served_segments``): a multi-turn sample as upstream's agents build it.
+miles then sets its weight versions, fingerprint, kept ids and turns (``sample.segments``) from the records (a version
+the function recorded itself must agree). A trained token no engine generated there is refused naming the function,
+the sample and the position. A function may change the prompt or the sampling parameters, zero entries of the loss
+mask (an empty mask means every response token is trained, as upstream), and set ``sample.reward`` (else the reward
+function scores it).
 """
 
 from __future__ import annotations
@@ -109,6 +112,62 @@ async def _call_every(fn, args, samples: list[Sample], sampling_params: dict, se
     return list(await asyncio.gather(*(one(sample) for sample in samples)))
 
 
+def served_segments(where: str, sample: Sample, witnessed: dict) -> list[tuple[int, object]]:
+    """The engine turns of ``sample``: (response position, the answer served there), found by walking the response:
+    at each position, an answer served after exactly the tokens before it whose tokens and log-probs come next is a
+    turn (the longest such; it is claimed, so it backs one sample); any other token is one the function added, and
+    must have loss mask 0. A mask-1 token no engine generated there is refused naming its position."""
+    tokens, start, log_probs = sample.tokens, sample.prompt_length, [float(x) for x in sample.rollout_log_probs]
+    segments, position, near_miss = [], 0, False
+    while position < sample.response_length:
+        answers = witnessed.get(tuple(tokens[:start + position]), [])
+        rest, rest_log_probs = tuple(tokens[start + position:]), log_probs[position:]
+        matching = [a for a in answers if rest[:len(a.tokens)] == a.tokens]
+        exact = [a for a in matching if [float(x) for x in a.log_probs] == rest_log_probs[:len(a.tokens)]]
+        if exact:
+            served = max(exact, key=lambda answer: len(answer.tokens))
+            answers.remove(served)  # one answer backs one turn of one sample
+            segments.append((position, served))
+            position += len(served.tokens)
+            continue
+        near_miss = near_miss or bool(matching)
+        if sample.loss_mask[position]:
+            if near_miss:
+                raise MilesConfigError(f"{where} a Sample whose rollout_log_probs are not the engine's: the trainer "
+                                       "needs the behavior policy's own log-probs. Keep the answer's "
+                                       "output_token_logprobs.")
+            if not segments:
+                raise MilesConfigError(f"{where} a Sample whose tokens no engine served in this rollout (or whose "
+                                       "answer another sample already claimed); fill the sample from the router's "
+                                       "/generate answer (update_sample_from_response) and keep its tokens.")
+            raise MilesConfigError(f"{where} a Sample whose response token {position} has loss mask 1 but no engine "
+                                   "generated it after the tokens before it (edited, or added by the function, or "
+                                   "generated after another context, such as a text request the engine tokenized "
+                                   "differently); give the tokens you add loss mask 0.")
+        position += 1
+    if not segments:
+        raise MilesConfigError(f"{where} a Sample whose tokens no engine served in this rollout (or whose answer "
+                               "another sample already claimed); fill the sample from the router's /generate answer "
+                               "(update_sample_from_response) and keep its tokens.")
+    return segments
+
+
+def kept_ids_of(where: str, sample: Sample, segments: list) -> list[list[int]] | None:
+    """The kept ids per response token: each turn's, and for a token the function added, the token alone (its
+    log-prob under that set is 0, upstream's value for it; the token has loss mask 0 and is never trained). None when
+    every turn was sampled from the whole softmax."""
+    if all(served.kept_ids is None for _, served in segments):
+        return None
+    if any(served.kept_ids is None for _, served in segments):
+        raise MilesConfigError(f"{where} a Sample whose turns mix truncated (top-k/top-p/min-p) and whole-softmax "
+                               "sampling; that mix is not implemented yet: sample every turn alike.")
+    response = sample.tokens[sample.prompt_length:]
+    kept = [[token] for token in response]
+    for position, served in segments:
+        kept[position:position + len(served.tokens)] = served.kept_ids
+    return kept
+
+
 def witness(name: str, position: int, sample, witnessed: dict) -> None:
     """The behavior-policy contract of one returned sample (module docstring): checked, then completed from the
     engine's record; else one line naming the field."""
@@ -130,23 +189,18 @@ def witness(name: str, position: int, sample, witnessed: dict) -> None:
     if length < 1 or not set(sample.loss_mask) <= {0, 1}:
         raise MilesConfigError(f"{where} a Sample with response_length {length} and loss_mask values "
                                f"{sorted(set(sample.loss_mask))}; it needs a response and a 0/1 mask.")
-    answers = witnessed.get(tuple(sample.tokens))
-    if not answers:
-        raise MilesConfigError(f"{where} a Sample whose tokens no engine served in this rollout (or whose answer "
-                               "another sample already claimed); fill the sample from the router's /generate answer "
-                               "(update_sample_from_response) and keep its tokens.")
-    log_probs = [float(x) for x in sample.rollout_log_probs]
-    served = next((answer for answer in answers if [float(x) for x in answer.log_probs] == log_probs), None)
-    if served is None:
-        raise MilesConfigError(f"{where} a Sample whose rollout_log_probs are not the engine's: the trainer needs the "
-                               "behavior policy's own log-probs. Keep the answer's output_token_logprobs.")
-    answers.remove(served)  # one answer backs one sample
-    if sample.weight_versions and sorted(set(sample.weight_versions)) != sorted(set(served.weight_versions)):
+    segments = served_segments(where, sample, witnessed)
+    versions = sorted({version for _, served in segments for version in served.weight_versions})
+    if sample.weight_versions and sorted(set(sample.weight_versions)) != versions:
         raise MilesConfigError(f"{where} a Sample whose weight_versions {sample.weight_versions} are not the ones the "
-                               f"engine served it with ({served.weight_versions}).")
-    sample.weight_versions = list(served.weight_versions)
-    sample.weight_fingerprint = served.weight_fingerprint
-    sample.sampling_kept_ids = served.kept_ids
+                               f"engine served it with ({versions}).")
+    if len({served.weight_fingerprint for _, served in segments}) > 1:
+        raise MilesConfigError(f"{where} a Sample whose turns were served by weights of versions {versions}; a "
+                               "sample that spans weight versions (fully-async training) is not implemented yet.")
+    sample.weight_versions, sample.weight_fingerprint = versions, segments[0][1].weight_fingerprint
+    sample.sampling_kept_ids = kept_ids_of(where, sample, segments)
+    sample.segments = [{"turn": turn, "start": start, "end": start + len(served.tokens),
+                        "weight_version": served.weight_versions[-1]} for turn, (start, served) in enumerate(segments)]
     if sample.reward is not None and not (isinstance(sample.reward, (int, float)) and math.isfinite(sample.reward)):
         raise MilesConfigError(f"{where} a Sample whose reward is {sample.reward!r}; set a finite number, or leave it "
                                "None for the reward function.")

@@ -37,15 +37,17 @@ from fastapi.responses import JSONResponse
 from miles.rollout.endpoint import EndpointError, GenerateRequest, generate_answer, parse_generate, trimmed_text
 from miles.utils.errors import MilesConfigError, RolloutEngineError
 
-MAX_WITNESSED = 200_000  # answers kept until the manager takes them; the oldest go first beyond this
+MAX_WITNESSED = 200_000  # contexts whose answers are kept until the manager takes them; the oldest go first
 START_TIMEOUT_S = 30.0
 MAX_BATCH_REQUESTS = 256  # requests taken into one round of batches
 
 
 @dataclass(frozen=True)
 class Served:
-    """What an engine served for one prompt + response: the facts a trained sample must carry."""
+    """What an engine served after one context: the tokens it generated and the facts a trained sample must carry
+    about them."""
 
+    tokens: tuple[int, ...]
     log_probs: list[float]
     weight_versions: list[int]
     weight_fingerprint: str | None
@@ -80,8 +82,8 @@ class EngineServer:
 
     def __init__(self, engine, lock: threading.Lock, name: str, logprobs: str, host: str = "127.0.0.1") -> None:
         self.engine, self.lock, self.name, self.logprobs = engine, lock, name, logprobs
-        # tokens -> every answer with exactly those tokens (two samples may repeat one, with log-probs that differ in
-        # the last bits when the engine batched them differently)
+        # context (the request's tokens) -> every answer generated after exactly that context (the samples of one
+        # prompt, or repeats with log-probs that differ in the last bits when the engine batched them differently)
         self.witnessed: OrderedDict[tuple[int, ...], list[Served]] = OrderedDict()
         self.witness_lock = threading.Lock()
         self.seeds = itertools.count()  # a request without sampling_seed takes the engine's next one
@@ -241,8 +243,8 @@ class EngineServer:
         for rid, row in zip(request.rids, rows, strict=True):
             out, versions = next(outputs)
             with self.witness_lock:
-                self.witnessed.setdefault(tuple(row + out.tokens), []).append(
-                    Served(out.log_probs, versions, fingerprint, out.kept_ids))
+                self.witnessed.setdefault(tuple(row), []).append(
+                    Served(tuple(out.tokens), out.log_probs, versions, fingerprint, out.kept_ids))
                 while len(self.witnessed) > MAX_WITNESSED:
                     self.witnessed.popitem(last=False)
             text = self.engine.tokenizer.decode(out.tokens, skip_special_tokens=request.skip_special_tokens)

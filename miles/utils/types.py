@@ -47,6 +47,8 @@ class Sample:
     status: SampleStatus = SampleStatus.COMPLETED
     sampling_kept_ids: list[list[int]] | None = None  # per response token: the ids the truncated sampler kept
     metadata: dict = field(default_factory=dict)  # a generate function's own notes (upstream's field), not trained on
+    # a custom generate function's engine turns, over response positions: {"turn", "start", "end", "weight_version"}
+    segments: list[dict] | None = None
 
     Status: ClassVar = SampleStatus  # upstream's spelling, ``Sample.Status.COMPLETED``
 

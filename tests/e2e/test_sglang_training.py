@@ -16,6 +16,7 @@ import train_async
 from miles.tracking.metrics import read_metrics
 from miles.utils.errors import OffPolicyGuardError
 from tests.e2e.processes import ROUTER, SGLANG_SERVER, ProcessWatch
+from tests.e2e.tool_server import ToolServer
 from tests.e2e.sglang_marks import needs_sglang
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, needs_sglang, pytest.mark.timeout(900)]
@@ -74,6 +75,24 @@ def test_an_upstream_style_http_generate_function_trains_on_sglangs_servers(make
     assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
     assert len(watch.seen[ROUTER]) == 1 and len(watch.seen[SGLANG_SERVER]) == 1
     assert watch.alive() == []
+
+
+def test_a_multi_turn_function_with_a_tool_trains_on_sglang(make_args, monkeypatch, tmp_path):
+    """Engine turns served by SGLang's server, a local tool's output between them (mask 0, log-prob 0.0): the
+    snapshot's recompute matches SGLang's log-probs on every engine token."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    dump = tmp_path / "dump" / "{rollout_id}.pt"
+    with ToolServer() as tool:
+        args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--custom-generate-function-path",
+                         "examples.custom_generate.multi_turn_http.generate", "--tool-url", tool.url,
+                         "--save-debug-rollout-data", str(dump), *SGLANG)
+        records = _run(args, "async")
+    _check_common(records, args)
+    assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
+    saved = torch.load(str(dump).format(rollout_id=2), weights_only=False)["samples"]
+    assert all(len(sample["segments"]) == 2 for sample in saved) and len(tool.queries) == 3 * 16
 
 
 @pytest.mark.parametrize("correction", ["--use-rollout-logprobs", "--use-tis"])

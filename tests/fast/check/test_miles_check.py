@@ -755,18 +755,21 @@ class TestUpstreamStyleLaunchers:
         assert len(records[2]["errors"]) == 1 and records[2]["ignored"] == []  # the model file's flags are miles'
         assert set(records[0]) == {"file", "line", "driver", "verdict", "exit_class", "exit_status", "contract",
                                    "depends_on", "unresolved", "cannot_check", "errors", "ignored", "sglang_words",
-                                   "errors_counted"}
+                                   "router_words", "errors_counted"}
 
-    def test_sglang_flags_are_listed_as_sglang_server_arguments_not_as_unknown(self, capsys):
+    def test_sglang_and_router_flags_are_listed_as_passed_on_not_as_unknown(self, capsys):
         argv = ["--advantage-estimator", "ppo", "--use-tis", "--rollout-backend", "sglang",
-                "--sglang-mem-fraction-static", "0.7", "--no-sglang-lora-use-virtual-experts", "--my-num-layers", "36"]
+                "--sglang-mem-fraction-static", "0.7", "--no-sglang-lora-use-virtual-experts", "--my-num-layers", "36",
+                "--router-policy", "random"]
         status, out, _ = _run(capsys, ["--format", "json", "--", *argv])
         record = json.loads(out)[0]
         assert status == 0 and record["verdict"] == "OK"
         assert record["sglang_words"] == ["--sglang-mem-fraction-static 0.7", "--no-sglang-lora-use-virtual-experts"]
+        assert record["router_words"] == ["--router-policy random"]
         assert record["ignored"] == ["--my-num-layers 36"]
         status, out, _ = _run(capsys, ["--", *argv])
         assert "SGLang server arguments" in out and "--sglang-mem-fraction-static 0.7" in out
+        assert "sglang-router options" in out and "--router-policy random" in out
         assert "ignored (unknown to the miles parser; the contract does not read them): --my-num-layers 36" in out
 
     def test_json_for_one_argument_list_and_a_launcher_it_cannot_see_into(self, capsys):

@@ -104,6 +104,38 @@ async def penalized(args, sample, sampling_params):
     return await generate(args, sample, {**sampling_params, "repetition_penalty": 1.1})
 
 
+TOOL_TEXT = "+1="  # what the stand-in tool returns after each turn: tokens of the embedded vocabulary
+
+
+async def two_turns(args, sample, sampling_params, *, tool_mask: int = 0, tool_in_context: bool = True):
+    """Upstream's multi-turn shape (search-r1's): an engine turn, the tool's output appended with loss mask 0 and
+    log-prob 0.0, a second engine turn after all of it; the function records no versions."""
+    state = GenerateState(args)
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    prompt_ids = compute_prompt_ids_from_sample(state, sample)
+    sample.tokens, sample.loss_mask, sample.rollout_log_probs = list(prompt_ids), [], []
+    for turn in range(2):
+        context = sample.tokens if tool_in_context or turn == 0 else sample.tokens[:len(prompt_ids)]
+        output = await post(url, {"input_ids": context, "sampling_params": sampling_params, "return_logprob": True})
+        await update_sample_from_response(args, sample, {"input_ids": context}, output, update_loss_mask=True)
+        if turn == 0:
+            tool = state.tokenizer.encode(TOOL_TEXT, add_special_tokens=False)
+            sample.tokens += tool
+            sample.response_length += len(tool)
+            sample.response += TOOL_TEXT
+            sample.loss_mask += [tool_mask] * len(tool)
+            sample.rollout_log_probs += [0.0] * len(tool)
+    return sample
+
+
+async def tool_trained(args, sample, sampling_params):
+    return await two_turns(args, sample, sampling_params, tool_mask=1)
+
+
+async def other_context(args, sample, sampling_params):
+    return await two_turns(args, sample, sampling_params, tool_in_context=False)
+
+
 def not_async(args, sample, sampling_params):
     return sample
 
@@ -176,6 +208,25 @@ def test_upstreams_hand_written_and_class_forms_train_the_engines_answers(tmp_pa
         assert all(s.loss_mask[-1] == 0 for s in batch.samples)
 
 
+def test_a_multi_turn_sample_is_witnessed_turn_by_turn_and_the_tools_tokens_are_mask_0(tmp_path, monkeypatch, server):
+    manager = _manager(tmp_path, monkeypatch, server, "two_turns", "--rollout-top-k", "6")
+    batch, _ = manager.generate(rollout_id=0)
+    tool = server.engine.tokenizer.encode(TOOL_TEXT, add_special_tokens=False)
+    for sample in batch.samples:
+        first, second = sample.segments
+        assert (first["turn"], first["start"], second["turn"]) == (0, 0, 1)
+        assert second["start"] == first["end"] + len(tool) and second["end"] == sample.response_length
+        assert {first["weight_version"], second["weight_version"]} == {0} and sample.weight_versions == [0]
+        response = sample.tokens[sample.prompt_length:]
+        assert response[first["end"]:second["start"]] == tool
+        assert sample.loss_mask == [1] * first["end"] + [0] * len(tool) + [1] * (second["end"] - second["start"])
+        # the tool's tokens keep only themselves (log-prob 0 = upstream's 0.0); the turns keep the engine's top 6
+        assert sample.sampling_kept_ids[first["end"]:second["start"]] == [[token] for token in tool]
+        assert all(len(ids) <= 6 for ids in sample.sampling_kept_ids[:first["end"]])
+        # every log-prob, turn 2's conditioned on the tool's output, from one forward pass over the whole sample
+        assert sample.rollout_log_probs == pytest.approx(_forward_log_probs(server.engine, sample, 0.8), abs=1e-5)
+
+
 @pytest.mark.parametrize(("function", "pattern"), [
     ("hand_made", r"returned for sample 0 a Sample whose tokens no engine served in this rollout"),
     ("short_mask", r"returned for sample 0 a Sample whose loss_mask has \d+ entries for its \d+ response tokens"),
@@ -184,6 +235,8 @@ def test_upstreams_hand_written_and_class_forms_train_the_engines_answers(tmp_pa
     ("two", r"returned for sample 0 a list, not one Sample"),
     ("nan_reward", r"returned for sample 0 a Sample whose reward is nan"),
     ("aborted", r"returned for sample 0 a Sample its engine aborted"),
+    ("tool_trained", r"returned for sample 0 a Sample whose response token \d+ has loss mask 1 but no engine generated it"),
+    ("other_context", r"returned for sample 0 a Sample whose response token \d+ has loss mask 1 but no engine generated"),
 ])
 def test_a_sample_that_breaks_the_contract_is_refused_naming_the_function_and_the_field(
         tmp_path, monkeypatch, server, function, pattern):

@@ -27,7 +27,8 @@ def test_an_answer_has_sglangs_shape_and_the_engines_log_probs(server, engine):
     assert meta["id"] == "r1" and meta["prompt_tokens"] == len(prompt) and meta["completion_tokens"] == len(tokens)
     assert meta["weight_version"] == "0" and meta["finish_reason"]["type"] in ("stop", "length")
     assert [entry[1] for entry in meta["output_token_logprobs"]] == tokens
-    (served,) = server.take_witnessed()[tuple(prompt + tokens)]
+    (served,) = server.take_witnessed()[tuple(prompt)]
+    assert served.tokens == tuple(tokens)
     assert all(len(ids) <= 5 for ids in served.kept_ids)  # top_k 5 acted
     reference = forward_log_probs(engine, prompt, tokens, 0.7, served.kept_ids)
     assert [entry[0] for entry in meta["output_token_logprobs"]] == pytest.approx(reference, abs=1e-5)

@@ -275,3 +275,10 @@ def test_the_router_miles_started_is_stopped_with_the_run_and_its_address_forgot
         placement.stoppers[0]()
         assert (args.sglang_router_ip, args.sglang_router_port) == (users_router.ip, users_router.port)
         assert httpx.get(f"{users_router.url}/workers", timeout=5).json()["workers"] == []  # removed at the end
+
+
+def test_a_router_address_needs_both_its_ip_and_its_port():
+    with pytest.raises(MilesConfigError, match="--sglang-router-ip is given alone"):
+        parse_args(argv=["--sglang-router-ip", "127.0.0.1"])
+    with pytest.raises(MilesConfigError, match="--sglang-router-port is given alone"):
+        parse_args(argv=["--sglang-router-port", "30000"])
