@@ -42,37 +42,28 @@ def _check_common(records: list[dict], args) -> None:
     assert not __import__("os").path.exists(log) or open(log).read() == ""
 
 
-def test_async_ppo_keep_old_actor_denominator_matches_sglangs_log_probs(make_args, tmp_path):
-    """Under top-p 0.9 / top-k 20: SGLang's log-probs renormalized over the kept set are the snapshot's recompute
-    under that set (the untruncated path is checked by the --use-rollout-logprobs run below)."""
-    dump = tmp_path / "dump" / "{rollout_id}.pt"
-    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--rollout-top-p", "0.9",
-                     "--rollout-top-k", "20", "--save-debug-rollout-data", str(dump), *SGLANG)
-    records = _run(args, "async")
-    _check_common(records, args)
-    assert [record["off_policy/staleness_max"] for record in records] == [0, 1, 1]
-    # the snapshot's recomputed log-probs vs SGLang's, float32 both: the guard's own tolerance is 1e-4
-    assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
-    saved = torch.load(str(dump).format(rollout_id=0), weights_only=False)["samples"]
-    assert all(sample["sampling_kept_ids"] is not None for sample in saved)
-
-
-def test_an_upstream_style_http_generate_function_trains_on_sglangs_servers(make_args, monkeypatch):
-    """Upstream's shape end to end: the function posts to the router miles started, which sends each request to an
-    engine's front and from there to SGLang's own server process; the samples' log-probs and versions are what
-    SGLang served (the guard and the denominator check pass). During the run there are one router and one SGLang
-    server process; after it, neither."""
+def test_an_upstream_style_http_generate_function_trains_on_sglangs_servers(make_args, monkeypatch, tmp_path):
+    """Upstream's shape end to end, under top-p 0.9 / top-k 20: the function posts to the router miles started, which
+    sends each request to an engine's front and from there to SGLang's own server process; SGLang's log-probs
+    renormalized over the kept set are the snapshot's recompute under that set (the guard and the denominator check
+    pass; the untruncated path is checked by the --use-rollout-logprobs run below). During the run there are one
+    router and one SGLang server process; after it, neither."""
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     monkeypatch.syspath_prepend(str(root))
-    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--custom-generate-function-path",
+    dump = tmp_path / "dump" / "{rollout_id}.pt"
+    args = make_args("--advantage-estimator", "ppo", "--keep-old-actor", "--rollout-top-p", "0.9",
+                     "--rollout-top-k", "20", "--save-debug-rollout-data", str(dump), "--custom-generate-function-path",
                      "examples.custom_generate.single_turn_http.generate", "--custom-rm-path",
                      "examples.custom_generate.reward.reward_func", *SGLANG)
     with ProcessWatch(ROUTER, SGLANG_SERVER) as watch:
         records = _run(args, "async")
     _check_common(records, args)
     assert [record["off_policy/staleness_max"] for record in records] == [0, 1, 1]
+    # the snapshot's recomputed log-probs vs SGLang's, float32 both: the guard's own tolerance is 1e-4
     assert max(record["off_policy/denominator_behavior_abs_diff_max"] for record in records) <= 1e-4
+    saved = torch.load(str(dump).format(rollout_id=0), weights_only=False)["samples"]
+    assert all(sample["sampling_kept_ids"] is not None for sample in saved)
     assert len(watch.seen[ROUTER]) == 1 and len(watch.seen[SGLANG_SERVER]) == 1
     assert watch.alive() == []
 
