@@ -22,12 +22,15 @@ function scores it).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import math
 import zlib
 from collections.abc import Callable
 
+from miles.rollout.base_types import GenerateFnInput
+from miles.rollout.generate_api import GenerateState
 from miles.utils.async_utils import run
 from miles.utils.errors import MilesConfigError
 from miles.utils.types import Sample, SampleStatus
@@ -91,8 +94,6 @@ def custom_samples(fn, args, prompts: list[dict], n_samples: int, sampling_param
 async def _call_every(fn, args, samples: list[Sample], sampling_params: dict, seed: int,
                       evaluation: bool) -> list[Sample]:
     """Call ``fn`` on every sample concurrently, as upstream's ``generate_and_rm`` does."""
-    import asyncio
-
     params = list(inspect.signature(fn).parameters)
     class_form = len(params) == 1
     takes_evaluation = "evaluation" in params
@@ -100,9 +101,6 @@ async def _call_every(fn, args, samples: list[Sample], sampling_params: dict, se
     async def one(sample: Sample):
         own = {**sampling_params, "sampling_seed": sample_seed(seed, sample.index)}  # each call its own copy
         if class_form:
-            from miles.rollout.base_types import GenerateFnInput
-            from miles.rollout.generate_api import GenerateState
-
             output = await fn(GenerateFnInput(GenerateState(args), sample, own, evaluation))
             return output.samples
         if takes_evaluation:

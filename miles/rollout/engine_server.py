@@ -1,8 +1,7 @@
 """SGLang's HTTP API in front of one rollout engine, in the engine's own process (docs/rollout.md).
 
 The router (``miles.rollout.router``) sends every generate function's request here. The server runs uvicorn on a
-thread of the engine's Ray actor, on a socket bound to 127.0.0.1 (or the node's address on a multi-node run) and a
-free port, and answers ``/generate`` (``miles.rollout.endpoint``) and what the router and a health check call:
+thread of the engine's Ray actor, on a socket bound to 127.0.0.1 and a free port, and answers ``/generate`` (``miles.rollout.endpoint``) and what the router and a health check call:
 ``/health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``, ``/abort_request``
 and ``/get_weight_version``.
 
@@ -15,10 +14,11 @@ the last bits of their log-probs (float rounding of the padded batch), and the r
 One weight version per answer: the actor shell holds one lock around every engine verb and every batch served here,
 so a push never lands inside a request (``miles.rollout.engine_actor``).
 
-The server is the witness: every answer is recorded by its tokens (prompt + response) with the log-probs, the
-weight versions and the fingerprint of the weights that produced it, and the kept ids of truncated sampling. The
-rollout manager takes the records after a custom generation and checks each returned sample against them
-(``miles.rollout.custom_generate``): what a generate function says it sampled must be what an engine served.
+The server is the witness: every answer is recorded by its context (the request's tokens) with the tokens generated
+after it, their log-probs, the weight versions and the fingerprint of the weights that produced them, and the kept
+ids of truncated sampling. The rollout manager takes the records after a custom generation and checks each returned
+sample against them, turn by turn (``miles.rollout.custom_generate``): what a generate function says an engine
+generated must be what an engine served, after exactly the tokens before it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import itertools
 import queue
 import socket
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -54,7 +55,7 @@ class Served:
     kept_ids: list[list[int]] | None
 
 
-@dataclass
+@dataclass(eq=False)  # each request is itself: compared by identity
 class Pending:
     """A request waiting for the engine, and where its answers go (on the server's event loop)."""
 
@@ -115,7 +116,7 @@ class EngineServer:
                 return self.url
             if not self.thread.is_alive():
                 break
-            threading.Event().wait(0.05)
+            time.sleep(0.05)
         raise RolloutEngineError(f"{self.name}: its HTTP server did not start on {self.url} within "
                                  f"{START_TIMEOUT_S:g} s")
 
