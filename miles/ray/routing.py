@@ -21,6 +21,15 @@ from miles.rollout.router import RouterProcess, launch_router, register_workers,
 logger = logging.getLogger("miles")
 
 
+def serves_http(args) -> bool:
+    """Whether the run puts its engines behind a router: when something in it talks HTTP (a custom generate
+    function), the launch names a router or configures one (--sglang-router-*, --router-*), or the engines are
+    SGLang's servers. Miles' own rollouts call the engines' actors, so a run with none of these starts neither the
+    engines' HTTP fronts nor a router (each costs every run's start a process's or a thread's imports)."""
+    return bool(args.custom_generate_function_path or args.sglang_router_ip is not None or args.sglang_router_policy
+                or getattr(args, "router_words", None) or args.rollout_backend == "sglang")
+
+
 def start_engine_servers(args, placement: Placement) -> tuple[list, RouterProcess | None]:
     """One ``start_server`` reference per engine (each answers its server's URL), and the router miles starts, its
     process launched now, so it comes up while the train processes start (None when the launch names a router)."""

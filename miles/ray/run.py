@@ -26,7 +26,7 @@ from miles.guard import off_policy
 from miles.ranks.role import TrainRole, dead_rank_names, start_roles
 from miles.ray.cluster import count_bundles, create_placement, ray_session
 from miles.ray.rollout_manager import create_rollout_manager
-from miles.ray.routing import route_engines, start_engine_servers
+from miles.ray.routing import route_engines, serves_http, start_engine_servers
 from miles.rollout.embedded import ensure_embedded_default
 from miles.rollout.eval_config import EMBEDDED_EVAL_NAME
 from miles.tracking.metrics import MetricsTracker, default_log_dir, format_summary
@@ -354,9 +354,11 @@ def training_run(args, driver: str):
             # The engines start while the train processes do (each imports torch and loads a model): a run's
             # start-up is the slower of the two, not their sum.
             rollout_manager = create_rollout_manager(args, placement)
-            started = start_engine_servers(args, placement)  # the router's process too, while the trainers start
+            routed = serves_http(args)
+            started = start_engine_servers(args, placement) if routed else None  # the router too, meanwhile
             start_roles(roles)
-            route_engines(args, placement, rollout_manager, started)
+            if routed:
+                route_engines(args, placement, rollout_manager, started)
             run_state, exact = checkpoint.resume_run_state(args, driver)
             start_rollout_id = ray.get(actor.init.remote(exact))
             if critic is not None:

@@ -5,12 +5,13 @@ import threading
 
 import psutil
 
-ROUTER = "sglang_router.launch_router"  # in the router's command line (miles.rollout.router)
-SGLANG_SERVER = "miles::sglang_server"  # the title of an SGLang server process (miles.rollout.sglang_server)
+# in the router's command line: miles' launch (miles.rollout.router), then the title the router gives itself
+ROUTER = ("sglang_router.launch_router", "sglang::router")
+SGLANG_SERVER = ("miles::sglang_server",)  # the title of an SGLang server process (miles.rollout.sglang_server)
 
 
-def processes_with(marker: str, root: int | None = None) -> list[psutil.Process]:
-    """The live processes whose command line contains ``marker`` (only ``root``'s descendants, if given)."""
+def processes_with(markers: tuple[str, ...], root: int | None = None) -> list[psutil.Process]:
+    """The live processes whose command line contains one of ``markers`` (only ``root``'s descendants, if given)."""
     try:
         candidates = psutil.Process(root).children(recursive=True) if root else list(psutil.process_iter())
     except psutil.NoSuchProcess:
@@ -18,7 +19,7 @@ def processes_with(marker: str, root: int | None = None) -> list[psutil.Process]
     found = []
     for proc in candidates:
         try:
-            if marker in " ".join(proc.cmdline()):
+            if any(marker in " ".join(proc.cmdline()) for marker in markers):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -26,17 +27,18 @@ def processes_with(marker: str, root: int | None = None) -> list[psutil.Process]
 
 
 class ProcessWatch:
-    """The pids of every process with each marker seen while the block runs (polled every 50 ms, 10 min at most)."""
+    """The pids of every process of each kind (its markers) seen while the block runs (polled every 50 ms, 10 min at
+    most)."""
 
-    def __init__(self, *markers: str) -> None:
-        self.seen: dict[str, set[int]] = {marker: set() for marker in markers}
+    def __init__(self, *kinds: tuple[str, ...]) -> None:
+        self.seen: dict[tuple[str, ...], set[int]] = {kind: set() for kind in kinds}
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
         for _ in range(12000):
-            for marker, pids in self.seen.items():
-                pids.update(proc.pid for proc in processes_with(marker))
+            for kind, pids in self.seen.items():
+                pids.update(proc.pid for proc in processes_with(kind))
             if self.done.wait(0.05):
                 return
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import fastapi
 import httpx
@@ -282,3 +283,18 @@ def test_a_router_address_needs_both_its_ip_and_its_port():
         parse_args(argv=["--sglang-router-ip", "127.0.0.1"])
     with pytest.raises(MilesConfigError, match="--sglang-router-port is given alone"):
         parse_args(argv=["--sglang-router-port", "30000"])
+
+
+@pytest.mark.parametrize(("argv", "serves"), [
+    ([], False),  # miles' own rollouts call the engines' actors: no fronts, no router
+    (["--custom-generate-function-path", "examples.custom_generate.single_turn_http.generate"], True),
+    (["--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "30000"], True),
+    (["--sglang-router-policy", "round_robin"], True),
+    (["--router-health-check-interval-secs", "5"], True),
+    (["--rollout-backend", "sglang"], True),
+])
+def test_a_run_serves_http_when_something_in_it_talks_http(argv, serves, monkeypatch):
+    from miles.ray.routing import serves_http
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))  # the examples, as a launch names them
+    assert serves_http(parse_args(argv=argv)) is serves
