@@ -594,7 +594,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("router and HTTP")
     group.add_argument("--sglang-router-ip", type=str, default=None,
                        help="Address of a running sglang-router to register the engines with. (default: miles starts "
-                       "one on 127.0.0.1 and fills this in)")
+                       "one on 127.0.0.1 and fills this in, when the run talks HTTP: docs/rollout.md)")
     group.add_argument("--sglang-router-port", type=int, default=None,
                        help="Port of that router (with --sglang-router-ip). (default: a free port of the router miles "
                        "starts)")
