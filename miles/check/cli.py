@@ -67,6 +67,7 @@ def _passed_words(ignored: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 def launch_record(file, line, driver, verdict: Verdict) -> dict:
     """One launch as ``--format json`` prints it."""
+    sglang, router, unknown = _passed_words(verdict.ignored)
     return {
         "file": file, "line": line, "driver": driver, "verdict": verdict.status,
         "exit_class": verdict.status.lower(), "exit_status": EXIT_STATUS[verdict.status],
@@ -75,8 +76,7 @@ def launch_record(file, line, driver, verdict: Verdict) -> dict:
         "unresolved": [{"word": shown, "reason": reason} for shown, reason in verdict.unresolved],
         "cannot_check": verdict.cannot_check,
         "errors": [{"message": message, "fix": fix} for message, fix in verdict.errors],
-        "ignored": _passed_words(verdict.ignored)[2], "sglang_words": _passed_words(verdict.ignored)[0],
-        "router_words": _passed_words(verdict.ignored)[1],
+        "ignored": unknown, "sglang_words": sglang, "router_words": router,
         "errors_counted": verdict.refusals_counted,
     }
 

@@ -219,11 +219,10 @@ class SGLangRolloutEngine:
         return [row for row, _ in answered], [[version] for _, version in answered]
 
     def encode_texts(self, texts: list[str], max_response_len: int) -> list[list[int]]:
-        """Each prompt's token ids, checked to fit the model's positions and SGLang's KV cache."""
-        prompt_ids = encode_prompts(self.tokenizer, texts, getattr(self.config, "max_position_embeddings", None),
-                                    max_response_len, lambda i: f"prompt {texts[i]!r}")
-        check_kv_capacity(prompt_ids, max_response_len, self.max_request_tokens)
-        return prompt_ids
+        """Each prompt's token ids, checked to fit the model's positions (``generate_rows`` checks SGLang's KV cache,
+        for these and for a request's own ids)."""
+        return encode_prompts(self.tokenizer, texts, getattr(self.config, "max_position_embeddings", None),
+                              max_response_len, lambda i: f"prompt {texts[i]!r}")
 
     def _response(self, output: dict, options: SamplingOptions, max_response_len: int) -> tuple[GeneratedRow, int]:
         """(the generated row, the weight version SGLang stamped) of one generation; it stopped if SGLang's

@@ -30,12 +30,17 @@ def two_turn_rollout(engine: TorchRolloutEngine, rollout: RolloutBatch, temperat
     return RolloutBatch(rollout.rollout_id, samples)
 
 
-@pytest.mark.usefixtures("restore_torch_threads")
-def test_keep_old_actor_checks_the_engines_turns_and_not_the_tools_tokens(embedded):
+@pytest.fixture
+def keep_old_actor_and_rollout(embedded, restore_torch_threads):
+    """A fresh --keep-old-actor actor and a two-turn rollout of the engine holding its first push (version 1)."""
     trainer = policy_trainer(embedded, "--keep-old-actor")
     trainer.init()
     engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
-    rollout = two_turn_rollout(engine, make_rollout(embedded, engine, 0), temperature=0.9)
+    return trainer, two_turn_rollout(engine, make_rollout(embedded, engine, 0), temperature=0.9)
+
+
+def test_keep_old_actor_checks_the_engines_turns_and_not_the_tools_tokens(keep_old_actor_and_rollout):
+    trainer, rollout = keep_old_actor_and_rollout
     metrics = trainer.prepare(0, rollout, expected_staleness=0)
     # the snapshot's recompute against the engine's turns (float32, the guard's 1e-4); the tool's tokens, whose
     # recomputed log-prob is that of a token the policy never chose (about -2.7 = log 1/15 here), are not compared
@@ -45,12 +50,8 @@ def test_keep_old_actor_checks_the_engines_turns_and_not_the_tools_tokens(embedd
     assert torch.isfinite(torch.tensor(trained["train/pg_loss"]))
 
 
-@pytest.mark.usefixtures("restore_torch_threads")
-def test_a_turn_the_snapshot_disagrees_with_is_still_refused(embedded):
-    trainer = policy_trainer(embedded, "--keep-old-actor")
-    trainer.init()
-    engine = engine_with(embedded, trainer.export_weights(rollouts_trained=0))
-    rollout = two_turn_rollout(engine, make_rollout(embedded, engine, 0), temperature=0.9)
+def test_a_turn_the_snapshot_disagrees_with_is_still_refused(keep_old_actor_and_rollout):
+    trainer, rollout = keep_old_actor_and_rollout
     sample = rollout.samples[0]
     sample.rollout_log_probs[-1] -= 0.5  # a second-turn token whose log-prob is not the engine's
     with pytest.raises(OffPolicyGuardError, match="denominator"):
